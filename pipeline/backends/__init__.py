@@ -1,0 +1,10 @@
+"""LLM backends, looked up by name. Heavy engines are imported only when chosen."""
+
+from pipeline.registry import Registry
+
+BACKENDS = Registry("backend")
+BACKENDS.register("openai", "pipeline.backends.openai_backend:OpenAIBackend")
+BACKENDS.register("vllm", "pipeline.backends.vllm_backend:VLLMBackend")
+BACKENDS.register("replay", "pipeline.backends.replay:ReplayBackend")
+
+__all__ = ["BACKENDS"]

@@ -1,0 +1,224 @@
+"""Any OpenAI-compatible chat server (vLLM's `vllm serve`, hosted APIs, the test stand-in).
+
+A fixed pool of ``max_concurrency`` workers pulls requests from a queue, so the number
+in flight is bounded without creating a task per request. Transient errors (429, 5xx,
+timeouts, dropped connections, unreadable bodies) are retried with tenacity: exponential
+backoff with full jitter, Retry-After honoured on 429, a cap on attempts. Other 4xx
+errors are the request's fault and are never retried. The client's own retries are
+off, so attempts do not multiply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Sequence
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import openai
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from pipeline.backends.base import Backend, ChatRequest, ChatResult, Choice, RequestFailure
+from pipeline.errors import BackendError
+
+_TRANSIENT_STATUS = {408, 409, 425, 429}
+
+
+class _EmptyAnswer(Exception):
+    """The server answered 200 without usable choices; treated as transient."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in _TRANSIENT_STATUS or exc.status_code >= 500
+    # APITimeoutError is an APIConnectionError; a body that is not JSON surfaces as a
+    # decode or validation error and is a server glitch, not the request's fault.
+    return isinstance(
+        exc,
+        (
+            openai.APIConnectionError,
+            openai.APIResponseValidationError,
+            json.JSONDecodeError,
+            _EmptyAnswer,
+        ),
+    )
+
+
+def retry_after_seconds(exc: BaseException) -> float | None:
+    """Seconds the server asked us to wait (Retry-After / retry-after-ms), if it did."""
+    response = getattr(exc, "response", None)
+    if response is None:
+        return None
+    headers = response.headers
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return float(ms) / 1000.0
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        import datetime as _dt
+
+        when = parsedate_to_datetime(value)
+        return max(0.0, (when - _dt.datetime.now(when.tzinfo)).total_seconds())
+    except (TypeError, ValueError):
+        return None
+
+
+class _Wait:
+    """Retry-After when the server gives one (capped), else exponential backoff with jitter."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.maximum = maximum
+        self.backoff = wait_random_exponential(multiplier=initial, max=maximum)
+
+    def __call__(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        hinted = retry_after_seconds(exc) if exc is not None else None
+        if hinted is not None:
+            return min(hinted, self.maximum)
+        return self.backoff(state)
+
+
+def describe_error(exc: BaseException) -> str:
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}: {exc.message}"[:500]
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+class OpenAIBackend(Backend):
+    name = "openai"
+
+    def __init__(self, cfg: Any) -> None:
+        """``cfg`` is the config's ``backend`` section."""
+        self.cfg = cfg
+        # The key is read here and held only by the client; it is never logged or stored.
+        api_key = os.environ.get(cfg.api_key_env) or "EMPTY"
+        http_client = None
+        if cfg.http_transport == "aiohttp":
+            http_client = openai.DefaultAioHttpClient(timeout=cfg.timeout_s)
+        self.client = openai.AsyncOpenAI(
+            base_url=cfg.base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=cfg.timeout_s,
+            http_client=http_client,
+        )
+        self._retrying = dict(
+            stop=stop_after_attempt(cfg.max_attempts),
+            wait=_Wait(cfg.backoff_initial_s, cfg.backoff_max_s),
+            retry=retry_if_exception(is_transient),
+            reraise=True,
+        )
+
+    def _kwargs(self, req: ChatRequest) -> dict[str, Any]:
+        kw: dict[str, Any] = {
+            "model": req.model,
+            "messages": req.message_dicts(),
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "max_tokens": req.max_tokens,
+            "n": req.n,
+        }
+        if req.seed is not None:
+            kw["seed"] = req.seed
+        if req.json_schema is not None:
+            kw["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": req.schema_name, "schema": req.json_schema},
+            }
+        return kw
+
+    async def _once(self, req: ChatRequest) -> ChatResult:
+        resp = await self.client.chat.completions.create(**self._kwargs(req))
+        if not resp.choices or any(c.message.content is None for c in resp.choices):
+            raise _EmptyAnswer("the server returned no content")
+        usage = resp.usage
+        return ChatResult(
+            choices=[
+                Choice(c.message.content or "", c.finish_reason or "stop") for c in resp.choices
+            ],
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            model=resp.model or req.model,
+        )
+
+    async def complete(self, req: ChatRequest) -> ChatResult | RequestFailure:
+        attempts = 0
+        try:
+            async for attempt in AsyncRetrying(**self._retrying):
+                with attempt:
+                    attempts += 1
+                    return await self._once(req)
+        except Exception as exc:
+            return RequestFailure(describe_error(exc), attempts, transient=is_transient(exc))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def run(
+        self, requests: Sequence[ChatRequest]
+    ) -> AsyncIterator[tuple[int, ChatResult | RequestFailure]]:
+        if not requests:
+            return
+        todo: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(len(requests)):
+            todo.put_nowait(i)
+        done: asyncio.Queue[tuple[int, ChatResult | RequestFailure]] = asyncio.Queue()
+
+        async def worker() -> None:
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                done.put_nowait((i, await self.complete(requests[i])))
+
+        workers = [
+            asyncio.create_task(worker())
+            for _ in range(min(self.cfg.max_concurrency, len(requests)))
+        ]
+        try:
+            for _ in range(len(requests)):
+                yield await done.get()
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def check_reachable(cfg: Any) -> None:
+    """Fail fast with a clear message when the server cannot be reached at all."""
+    import urllib.error
+    import urllib.request
+
+    url = cfg.base_url.rstrip("/") + "/models"
+    try:
+        req = urllib.request.Request(url)
+        key = os.environ.get(cfg.api_key_env)
+        if key:
+            req.add_header("Authorization", f"Bearer {key}")
+        urllib.request.urlopen(req, timeout=min(cfg.timeout_s, 10)).close()
+    except urllib.error.HTTPError:
+        return  # it answered; auth or routing is the request path's business
+    except (urllib.error.URLError, OSError) as exc:
+        raise BackendError(
+            f"cannot reach the OpenAI-compatible server at {cfg.base_url} ({exc}). "
+            "Start it (e.g. `vllm serve MODEL`) or fix backend.base_url."
+        ) from None

@@ -1,0 +1,196 @@
+"""vLLM's offline engine, in-process on the GPU (``backend.name: vllm``).
+
+The engine is built once per process and shared: stages open and close a backend each,
+but loading weights and capturing CUDA graphs costs minutes, so engines live in a
+module-level cache keyed by their construction arguments and survive ``aclose()``.
+``shutdown_engines()`` drops them.
+
+Requests are sorted so prompts that share a prefix (same system prompt, same user's
+profile, same question) sit next to each other: with prefix caching on, vLLM then computes
+that shared KV cache once instead of once per sample. They are sent in chunks of
+``backend.vllm.chunk_size``, one batched ``LLM.chat`` call per chunk: a chunk bounds the
+memory held by pending prompts and outputs, and since answers reach the request cache as
+each chunk returns, a crash loses at most one chunk of work.
+
+``vllm`` is imported only when this backend is built, so the package runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import threading
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from pipeline.backends.base import Backend, ChatRequest, ChatResult, Choice, RequestFailure
+from pipeline.errors import BackendError
+
+_INSTALL_HINT = (
+    "install the extra: pip install 'personalized-rewardbench[vllm]' (needs a CUDA GPU), "
+    "or use backend.name: openai against a `vllm serve` server"
+)
+
+
+class _Engine:
+    """A shared ``vllm.LLM`` and the lock that serialises calls into it.
+
+    ``LLM`` is not thread-safe; two backends sharing one engine (or a run that overlaps
+    another) must not call ``chat`` at the same time from different worker threads.
+    """
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.lock = threading.Lock()
+
+
+_ENGINES: dict[str, _Engine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def engine_kwargs(cfg: Any) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM(...)`` from the config's ``backend`` section."""
+    v = cfg.vllm
+    kw: dict[str, Any] = {
+        "model": cfg.model,
+        "tensor_parallel_size": v.tensor_parallel_size,
+        "gpu_memory_utilization": v.gpu_memory_utilization,
+        "dtype": v.dtype,
+        "enable_prefix_caching": v.enable_prefix_caching,
+    }
+    if v.max_model_len is not None:
+        kw["max_model_len"] = v.max_model_len
+    # engine_args may override the named settings on purpose (escape hatch).
+    kw.update(v.engine_args)
+    return kw
+
+
+def _engine_key(kwargs: dict[str, Any]) -> str:
+    """Canonical JSON of the engine arguments: equal settings share one engine."""
+    return json.dumps(kwargs, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def _get_engine(vllm: Any, kwargs: dict[str, Any]) -> _Engine:
+    key = _engine_key(kwargs)
+    # Held while building, so two backends created at once never load the model twice.
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            engine = _Engine(vllm.LLM(**kwargs))
+            _ENGINES[key] = engine
+        return engine
+
+
+def shutdown_engines() -> int:
+    """Drop every cached engine so its GPU memory can be freed; returns how many."""
+    with _ENGINES_LOCK:
+        n = len(_ENGINES)
+        _ENGINES.clear()
+    gc.collect()
+    return n
+
+
+def _import_vllm() -> tuple[Any, Any, Any]:
+    """``(vllm, SamplingParams, StructuredOutputsParams)``, or a BackendError saying why."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise BackendError(
+            f"the vllm backend needs vLLM, which is not importable ({exc}); " + _INSTALL_HINT
+        ) from None
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError as exc:
+        raise BackendError(
+            f"the installed vLLM is too old for this backend ({exc}); it needs vllm>=0.10.2: "
+            + _INSTALL_HINT
+        ) from None
+    return vllm, vllm.SamplingParams, StructuredOutputsParams
+
+
+def describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+class VLLMBackend(Backend):
+    """Answers chat requests with an in-process ``vllm.LLM``, batched per chunk."""
+
+    name = "vllm"
+
+    def __init__(self, cfg: Any) -> None:
+        """``cfg`` is the config's ``backend`` section."""
+        self.cfg = cfg
+        vllm, self._SamplingParams, self._StructuredOutputsParams = _import_vllm()
+        self.engine_kwargs = engine_kwargs(cfg)
+        self._engine = _get_engine(vllm, self.engine_kwargs)
+
+    @property
+    def llm(self) -> Any:
+        return self._engine.llm
+
+    def sampling_params(self, req: ChatRequest) -> Any:
+        """One ``SamplingParams`` per request: n, temperature, top_p, max_tokens, seed,
+        and a JSON-schema constraint when the request carries one."""
+        kw: dict[str, Any] = {
+            "n": req.n,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "max_tokens": req.max_tokens,
+            "seed": req.seed,
+        }
+        if req.json_schema is not None:
+            kw["structured_outputs"] = self._StructuredOutputsParams(json=req.json_schema)
+        return self._SamplingParams(**kw)
+
+    def _chat(self, chunk: Sequence[ChatRequest]) -> list[Any]:
+        """The blocking batched call; runs in a worker thread."""
+        with self._engine.lock:
+            return list(
+                self.llm.chat(
+                    messages=[r.message_dicts() for r in chunk],
+                    sampling_params=[self.sampling_params(r) for r in chunk],
+                    use_tqdm=False,
+                )
+            )
+
+    def _result(self, out: Any) -> ChatResult | RequestFailure:
+        if not out.outputs:
+            return RequestFailure("EmptyOutput: vLLM returned no completions", transient=True)
+        return ChatResult(
+            choices=[Choice(o.text, o.finish_reason or "stop") for o in out.outputs],
+            prompt_tokens=len(out.prompt_token_ids or []),
+            completion_tokens=sum(len(o.token_ids) for o in out.outputs),
+            model=self.cfg.model,
+        )
+
+    async def run(
+        self, requests: Sequence[ChatRequest]
+    ) -> AsyncIterator[tuple[int, ChatResult | RequestFailure]]:
+        # Sorting by the messages tuple groups shared prefixes (system prompt, then the
+        # user's profile, then the question) so prefix caching reuses their KV cache.
+        order = sorted(range(len(requests)), key=lambda i: requests[i].messages)
+        size = self.cfg.vllm.chunk_size
+        for start in range(0, len(order), size):
+            idx = order[start : start + size]
+            chunk = [requests[i] for i in idx]
+            try:
+                # A worker thread keeps the event loop free to commit answers and update
+                # progress while the GPU works on this chunk.
+                outputs = await asyncio.to_thread(self._chat, chunk)
+                if len(outputs) != len(chunk):
+                    raise RuntimeError(
+                        f"LLM.chat returned {len(outputs)} outputs for {len(chunk)} requests"
+                    )
+            except Exception as exc:
+                # The whole chunk fails together; later chunks still get their chance.
+                reason = describe_error(exc)
+                for i in idx:
+                    yield i, RequestFailure(reason, attempts=1, transient=True)
+                continue
+            for i, out in zip(idx, outputs, strict=True):
+                yield i, self._result(out)
+
+    async def aclose(self) -> None:
+        """Keeps the engine: the next stage reuses it. ``shutdown_engines()`` frees it."""
+        return None

@@ -1,0 +1,340 @@
+"""Run configuration: one YAML file per run, validated with pydantic.
+
+Every field has a type, a default where one makes sense and a one-line description
+(``prb config show`` prints them resolved). Unknown keys and bad values fail at load
+time with the file and the dotted field name. Secrets never live here: the config
+names the environment variable that holds a key, never the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipeline.errors import ConfigError
+
+STRATEGIES = ("avoid_all", "violate_one", "other_user")
+Strategy = Literal["avoid_all", "violate_one", "other_user"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(_Section):
+    name: str = Field("run", description="Run name; the run directory is <output_dir>/<name>.")
+    output_dir: Path = Field(
+        Path("outputs"), description="Folder holding run directories (relative to the CWD)."
+    )
+    seed: int = Field(0, description="Base seed: sampling seeds and A/B shuffles derive from it.")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not v or "/" in v or v in (".", ".."):
+            raise ValueError("must be a plain folder name (no '/')")
+        return v
+
+
+class InputSection(_Section):
+    format: Literal["lamp", "generic", "hf"] = Field(
+        "lamp",
+        description="lamp: LaMP-QA-style JSONL; generic: users.jsonl + questions.jsonl; "
+        "hf: a `datasets` folder or a parquet file with a column mapping.",
+    )
+    path: Path | None = Field(
+        None, description="lamp: the JSONL file; hf: the dataset folder or parquet file."
+    )
+    users_path: Path | None = Field(None, description="generic: the users JSONL file.")
+    questions_path: Path | None = Field(None, description="generic: the questions JSONL file.")
+    split: str | None = Field(None, description="hf: split to read from a DatasetDict folder.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="hf: our field name -> the source column name (e.g. {question: query}).",
+    )
+    limit: int | None = Field(None, ge=1, description="Read at most this many examples.")
+
+
+class VLLMSection(_Section):
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (tensor parallel).")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of GPU memory vLLM may take."
+    )
+    max_model_len: int | None = Field(None, ge=1, description="Context length; model default.")
+    dtype: str = Field("auto", description="Weights dtype: auto, bfloat16, float16...")
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse KV cache across prompts that share a prefix."
+    )
+    chunk_size: int = Field(
+        4096, ge=1, description="Requests per batched LLM.chat call (bounds memory and loss)."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for vllm.LLM(...)."
+    )
+
+
+class BackendSection(_Section):
+    name: str = Field("openai", description="Backend: openai, vllm, replay (ray: see docs).")
+    model: str = Field("stand-in", description="Model name sent to the server / loaded by vLLM.")
+    base_url: str = Field(
+        "http://127.0.0.1:8000/v1", description="openai: base URL of the compatible server."
+    )
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="openai: name of the environment variable that holds the API key.",
+    )
+    max_concurrency: int = Field(64, ge=1, description="openai: requests in flight at most.")
+    timeout_s: float = Field(120.0, gt=0, description="openai: per-request timeout in seconds.")
+    max_attempts: int = Field(
+        6, ge=1, description="Attempts per request on transient errors (429, 5xx, timeouts)."
+    )
+    backoff_initial_s: float = Field(0.5, ge=0, description="First retry wait; doubles each try.")
+    backoff_max_s: float = Field(30.0, ge=0, description="Longest wait between two attempts.")
+    http_transport: Literal["aiohttp", "httpx"] = Field(
+        "aiohttp",
+        description="openai: HTTP transport; aiohttp measured faster here "
+        "(benchmarks/backend_throughput.py).",
+    )
+    max_reasks: int = Field(
+        2, ge=0, description="Re-asks when a JSON-schema answer does not parse or validate."
+    )
+    abort_after_failures: int = Field(
+        50,
+        ge=1,
+        description="Stop the stage after this many consecutive failed requests "
+        "(the server is likely down).",
+    )
+    replay_cache: Path | None = Field(
+        None, description="replay: cache.sqlite to answer from (default: the run's own)."
+    )
+    vllm: VLLMSection = Field(default_factory=VLLMSection, description="vllm backend settings.")
+
+    @field_validator("name")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        from pipeline.backends import BACKENDS
+
+        try:
+            BACKENDS.check(v)
+        except ConfigError as exc:
+            raise ValueError(exc.reason) from None
+        return v
+
+
+class SamplingSection(_Section):
+    temperature: float = Field(0.8, ge=0, le=2, description="Sampling temperature.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass.")
+    max_tokens: int = Field(400, ge=1, description="Longest answer in tokens.")
+
+
+class ProfileSection(_Section):
+    top_k: int = Field(10, ge=1, description="Past posts kept per example, most relevant first.")
+    ranker: Literal["bm25", "embedding"] = Field(
+        "bm25", description="bm25: lexical, no model; embedding: sentence-transformers."
+    )
+    embedding_model: str = Field(
+        "all-MiniLM-L6-v2",
+        description="embedding: a local sentence-transformers model path or name.",
+    )
+
+
+class RubricsSection(_Section):
+    source: Literal["given", "generated"] = Field(
+        "given", description="given: the input's rubric_aspects; generated: derived by the LLM."
+    )
+    min_items: int = Field(2, ge=1, description="Fewest aspects a generated rubric may have.")
+    max_items: int = Field(6, ge=1, description="Most aspects a generated rubric may have.")
+    merge_threshold: float = Field(
+        90.0,
+        ge=0,
+        le=100,
+        description="rapidfuzz token_set_ratio at or above which two aspects are merged.",
+    )
+    sampling: SamplingSection = Field(
+        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=1024),
+        description="Sampling for rubric generation (greedy by default: one rubric per user).",
+    )
+
+
+class ResponsesSection(_Section):
+    n: int = Field(2, ge=1, description="Candidates per side (chosen, and per strategy rejected).")
+    strategies: list[Strategy] = Field(
+        default_factory=lambda: ["avoid_all"],
+        min_length=1,
+        description="Rejected strategies: avoid_all, violate_one, other_user.",
+    )
+    word_cap: int = Field(100, ge=10, description="Word cap stated to the model for both sides.")
+    sampling: SamplingSection = Field(
+        default_factory=SamplingSection, description="Sampling for chosen and rejected answers."
+    )
+    chunk_size: int = Field(
+        256, ge=1, description="Examples per output shard (a crash loses at most one chunk)."
+    )
+
+    @field_validator("strategies")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("strategies must not repeat")
+        return v
+
+
+class Config(_Section):
+    run: RunSection = Field(default_factory=RunSection, description="Run identity and seed.")
+    input: InputSection = Field(
+        default_factory=InputSection, description="Where examples come from."
+    )
+    backend: BackendSection = Field(default_factory=BackendSection, description="LLM backend.")
+    profile: ProfileSection = Field(
+        default_factory=ProfileSection, description="Profile selection."
+    )
+    rubrics: RubricsSection = Field(default_factory=RubricsSection, description="Rubric stage.")
+    responses: ResponsesSection = Field(
+        default_factory=ResponsesSection, description="Response stage."
+    )
+
+    # Where the config file lives; relative input paths resolve against it.
+    _base_dir: Path = Path(".")
+
+    def resolve_input(self, p: Path | None) -> Path | None:
+        if p is None:
+            return None
+        p = Path(p).expanduser()
+        return p if p.is_absolute() else (self._base_dir / p)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+    def to_yaml(self) -> str:
+        data = self.model_dump(mode="json")
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+_SECRET_KEYS = {"api_key", "token", "password", "secret", "access_token"}
+
+
+def _fields_of(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names valid at ``loc`` (for 'did you mean')."""
+    cur: Any = model
+    for part in loc[:-1]:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
+            return []
+        f = cur.model_fields.get(str(part))
+        if f is None:
+            return []
+        cur = f.annotation
+    if isinstance(cur, type) and issubclass(cur, BaseModel):
+        return list(cur.model_fields)
+    return []
+
+
+def _format_validation(err: ValidationError, source: str) -> ConfigError:
+    lines = []
+    first_field = None
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        field = ".".join(str(p) for p in loc) or "<root>"
+        first_field = first_field or field
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            name = str(loc[-1])
+            if name.lower() in _SECRET_KEYS or name.lower().endswith(("_key", "_token")):
+                msg = (
+                    "secrets are not read from config files; put the value in an environment "
+                    "variable and name it (e.g. backend.api_key_env)"
+                )
+            else:
+                known = _fields_of(Config, loc)
+                close = difflib.get_close_matches(name, known, n=1)
+                msg = "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")
+                if known:
+                    msg += f" (known: {', '.join(known)})"
+        lines.append(f"field '{field}': {msg}")
+    detail = "\n  ".join(lines)
+    return ConfigError(f"invalid config\n  {detail}", path=source, field=first_field)
+
+
+def parse_override(spec: str) -> tuple[list[str], Any]:
+    """Parse ``key.path=value``; the value is read as YAML (so 3, true, [a, b] work)."""
+    if "=" not in spec:
+        raise ConfigError(f"--set expects key.path=value, got {spec!r}", path="--set")
+    key, raw = spec.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set has an empty key: {spec!r}", path="--set")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cannot parse value {raw!r}: {exc}", path="--set", field=key) from exc
+    return parts, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for spec in overrides:
+        parts, value = parse_override(spec)
+        cur = data
+        for p in parts[:-1]:
+            nxt = cur.get(p)
+            if nxt is None:
+                nxt = cur[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(
+                    "cannot set below a non-mapping value", path="--set", field=".".join(parts)
+                )
+            cur = nxt
+        cur[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load, override and validate a YAML config; errors name the file and the field."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("config file not found", path=path) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config: {exc}", path=path) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(f"not valid YAML: {exc}", path=path, line=line) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("the top level must be a mapping of sections", path=path)
+    data = apply_overrides(data, overrides or [])
+    source = str(path) + (" (with --set overrides)" if overrides else "")
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as err:
+        raise _format_validation(err, source) from None
+    if cfg.rubrics.min_items > cfg.rubrics.max_items:
+        raise ConfigError(
+            "rubrics.min_items must not exceed rubrics.max_items", path=source, field="rubrics"
+        )
+    cfg._base_dir = path.resolve().parent
+    return cfg
+
+
+def describe_fields(
+    model: type[BaseModel] = Config, prefix: str = ""
+) -> list[tuple[str, str, str]]:
+    """(dotted name, default, description) for every field, for docs and `config show`."""
+    rows = []
+    for name, f in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(describe_fields(ann, dotted + "."))
+        else:
+            default = f.get_default(call_default_factory=True)
+            rows.append((dotted, repr(default), f.description or ""))
+    return rows

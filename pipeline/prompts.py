@@ -1,0 +1,85 @@
+"""Prompt templates: Jinja files under ``prompts/``, each with a version and a hash.
+
+A template file starts with a ``{# version: N ... #}`` comment and holds sections that
+begin with a line ``### system`` or ``### user``; each section renders to one message.
+The sha256 of the file is recorded on every row the template produced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from pipeline.errors import PipelineError
+from pipeline.resources import data_dir
+
+_VERSION_RE = re.compile(r"\{#\s*version:\s*([\w.\-]+)")
+_SECTION_RE = re.compile(r"^### (system|user|assistant)\s*$", re.MULTILINE)
+
+_ENV = jinja2.Environment(
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,  # plain-text prompts, never HTML
+    keep_trailing_newline=False,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    name: str
+    version: str
+    sha256: str
+    sections: tuple[tuple[str, jinja2.Template], ...]
+
+    def render(self, **variables: Any) -> tuple[tuple[str, str], ...]:
+        """Render to (role, content) messages."""
+        try:
+            return tuple((role, t.render(**variables).strip()) for role, t in self.sections)
+        except jinja2.UndefinedError as exc:
+            raise PipelineError(f"prompt template '{self.name}': {exc}") from exc
+
+    @property
+    def short_hash(self) -> str:
+        return self.sha256[:12]
+
+    def provenance(self) -> dict[str, str]:
+        return {
+            "template": self.name,
+            "template_version": self.version,
+            "template_hash": self.sha256,
+        }
+
+
+def parse_template(name: str, text: str) -> PromptTemplate:
+    m = _VERSION_RE.search(text)
+    if not m:
+        raise PipelineError(f"prompt template '{name}' has no '{{# version: N #}}' header")
+    parts = _SECTION_RE.split(text)
+    # parts = [preamble, role1, body1, role2, body2, ...]
+    sections = []
+    for role, body in zip(parts[1::2], parts[2::2], strict=True):
+        try:
+            sections.append((role, _ENV.from_string(body)))
+        except jinja2.TemplateSyntaxError as exc:
+            raise PipelineError(f"prompt template '{name}' line {exc.lineno}: {exc}") from exc
+    if not sections:
+        raise PipelineError(f"prompt template '{name}' has no '### system' / '### user' section")
+    sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return PromptTemplate(name, m.group(1), sha, tuple(sections))
+
+
+@lru_cache(maxsize=64)
+def load_template(name: str, folder: str | None = None) -> PromptTemplate:
+    base = Path(folder) if folder else data_dir("prompts")
+    path = base / f"{name}.j2"
+    if not path.exists():
+        known = sorted(p.stem for p in base.glob("*.j2"))
+        raise PipelineError(f"prompt template '{name}' not found in {base}; known: {known}")
+    return parse_template(name, path.read_text(encoding="utf-8"))

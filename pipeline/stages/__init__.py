@@ -1,0 +1,15 @@
+"""Stages in run order. Adding one: a module with a Stage subclass, and a line here."""
+
+from __future__ import annotations
+
+from pipeline.registry import Registry
+
+STAGES = Registry("stage")
+STAGES.register("ingest", "pipeline.stages.ingest:IngestStage")
+STAGES.register("rubrics", "pipeline.stages.rubrics:RubricStage")
+STAGES.register("responses", "pipeline.stages.responses:ResponseStage")
+
+# Run order (the registry itself is unordered).
+ORDER: tuple[str, ...] = ("ingest", "rubrics", "responses")
+
+__all__ = ["ORDER", "STAGES"]

@@ -1,0 +1,45 @@
+"""Shared fixtures: the stand-in OpenAI server and small run configs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from standin_server import StandinServer  # noqa: E402
+
+SAMPLE = ROOT / "examples" / "sample_lamp.jsonl"
+
+
+@pytest.fixture
+def server():
+    with StandinServer() as s:
+        yield s
+
+
+def write_config(tmp_path: Path, server: StandinServer | None = None, **sections) -> Path:
+    """A config file in tmp_path over the sample input; ``sections`` override defaults."""
+    cfg = {
+        "run": {"name": "t", "output_dir": str(tmp_path / "outputs"), "seed": 0},
+        "input": {"format": "lamp", "path": str(SAMPLE)},
+        "backend": {
+            "name": "openai",
+            "model": "standin-model",
+            "base_url": server.base_url if server else "http://127.0.0.1:9/v1",
+            "max_concurrency": 8,
+            "timeout_s": 10,
+            "backoff_initial_s": 0.01,
+            "backoff_max_s": 0.2,
+        },
+        "responses": {"n": 2, "strategies": ["avoid_all", "violate_one", "other_user"]},
+    }
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path

@@ -1,0 +1,107 @@
+"""Config loading: types, unknown keys, overrides, secrets, and the CLI's view of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli import main
+from pipeline.config import describe_fields, load_config
+from pipeline.errors import ConfigError
+
+
+def _write(tmp_path: Path, data) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def test_defaults_and_override(tmp_path):
+    p = _write(tmp_path, {"responses": {"n": 3}})
+    cfg = load_config(p, ["responses.word_cap=80", "backend.max_concurrency=7"])
+    assert cfg.responses.n == 3
+    assert cfg.responses.word_cap == 80
+    assert cfg.backend.max_concurrency == 7
+    assert cfg.profile.top_k == 10  # default
+
+
+def test_relative_input_resolves_against_config_folder(tmp_path):
+    sub = tmp_path / "cfgs"
+    sub.mkdir()
+    p = sub / "c.yaml"
+    p.write_text(yaml.safe_dump({"input": {"path": "../data/x.jsonl"}}))
+    cfg = load_config(p)
+    assert cfg.resolve_input(cfg.input.path).resolve() == (tmp_path / "data" / "x.jsonl").resolve()
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "needle"),
+    [
+        ({"responses": {"nn": 2}}, "responses.nn", "did you mean 'n'"),
+        ({"responses": {"n": 0}}, "responses.n", "greater than or equal to 1"),
+        ({"responses": {"n": "many"}}, "responses.n", "integer"),
+        ({"responses": {"strategies": ["avoid_al"]}}, "responses.strategies.0", "avoid_all"),
+        ({"backend": {"name": "vlm"}}, "backend.name", "Did you mean 'vllm'"),
+        ({"backend": {"api_key": "sk-live-123"}}, "backend.api_key", "environment variable"),
+        ({"rubrics": {"source": "magic"}}, "rubrics.source", "given"),
+        ({"bogus": {}}, "bogus", "unknown key"),
+    ],
+)
+def test_bad_values_name_file_and_field(tmp_path, data, field, needle):
+    p = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    msg = str(ei.value)
+    assert str(p) in msg
+    assert f"'{field}'" in msg
+    assert needle in msg
+    # a secret given by mistake is never echoed back
+    assert "sk-live-123" not in msg
+
+
+def test_min_greater_than_max(tmp_path):
+    p = _write(tmp_path, {"rubrics": {"min_items": 5, "max_items": 2}})
+    with pytest.raises(ConfigError, match="min_items"):
+        load_config(p)
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    p = _write(tmp_path, "run:\n  name: x\n responses: [\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert ei.value.line is not None
+    assert str(p) in str(ei.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_bad_override_syntax(tmp_path):
+    p = _write(tmp_path, {})
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_config(p, ["responses.n"])
+    with pytest.raises(ConfigError, match="responses.zzz"):
+        load_config(p, ["responses.zzz=1"])
+
+
+def test_every_field_is_described():
+    rows = describe_fields()
+    assert len(rows) > 30
+    missing = [name for name, _, desc in rows if not desc]
+    assert missing == []
+
+
+def test_cli_config_show_and_error(tmp_path, capsys):
+    p = _write(tmp_path, {"responses": {"n": 4}})
+    assert main(["config", "show", str(p), "--set", "run.name=abc"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["responses"]["n"] == 4
+    assert shown["run"]["name"] == "abc"
+    bad = _write(tmp_path, {"responses": {"n": -1}})
+    assert main(["config", "show", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "responses.n" in err and str(bad) in err

@@ -1,0 +1,241 @@
+"""End to end on the sample input against the stand-in server: ingest, rubrics (both
+sources), responses (all three strategies), invalidation, status and secrets."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import write_config
+
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.errors import BackendError, InputError, StageError
+from pipeline.orchestrate import run_pipeline
+from pipeline.rundir import RunDir
+
+N_EXAMPLES = 12
+
+
+def _run(path: Path, **kw):
+    return run_pipeline(load_config(path, kw.pop("overrides", None)), progress=False, **kw)
+
+
+def _rows(run_dir: Path, stage: str) -> list[dict]:
+    return list(RunDir(run_dir).stage(stage).rows())
+
+
+@pytest.mark.parametrize("source", ["given", "generated"])
+def test_end_to_end(tmp_path, server, source):
+    cfg_path = write_config(tmp_path, server, rubrics={"source": source})
+    stats = _run(cfg_path)
+    run_dir = tmp_path / "outputs" / "t"
+    assert set(stats) == {"ingest", "rubrics", "responses"}
+
+    examples = _rows(run_dir, "ingest")
+    assert len(examples) == N_EXAMPLES
+    assert Counter(e["category"] for e in examples) == {
+        "Art_and_Entertainment": 4,
+        "Lifestyle_and_Personal_Development": 4,
+        "Society_and_Culture": 4,
+    }
+
+    rubrics = _rows(run_dir, "rubrics")
+    assert len(rubrics) == N_EXAMPLES
+    for r in rubrics:
+        assert r["source"] == source
+        assert 2 <= len(r["items"]) <= 6
+        assert all(it["item_id"].startswith("a") and it["aspect"] for it in r["items"])
+        if source == "generated":
+            prov = r["provenance"]
+            assert prov["template"] == "rubric_generate"
+            assert len(prov["template_hash"]) == 64
+            assert prov["model"] == "standin-model"
+            assert prov["usage"]["completion_tokens"] > 0
+
+    cands = _rows(run_dir, "responses")
+    n = 2
+    by_strategy = Counter(c["strategy"] for c in cands)
+    # chosen, avoid_all and violate_one: n per example; other_user: n per example with a donor
+    assert by_strategy["chosen"] == N_EXAMPLES * n
+    assert by_strategy["avoid_all"] == N_EXAMPLES * n
+    assert by_strategy["violate_one"] == N_EXAMPLES * n
+    assert by_strategy["other_user"] == N_EXAMPLES * n
+    assert len({c["candidate_id"] for c in cands}) == len(cands)
+    rub_by_ex = {r["example_id"]: r for r in rubrics}
+    for c in cands:
+        items = [it["item_id"] for it in rub_by_ex[c["example_id"]]["items"]]
+        prov = c["provenance"]
+        assert prov["template"] == f"response_{c['strategy']}"
+        assert len(prov["template_hash"]) == 64
+        assert prov["model"] == "standin-model"
+        assert prov["sampling"] == {"temperature": 0.8, "top_p": 0.95, "max_tokens": 400}
+        assert isinstance(prov["seed"], int)
+        assert prov["usage"]["prompt_tokens"] > 0
+        assert c["finish_reason"] in ("stop", "length")
+        assert c["text"].strip()
+        assert c["rubric_version"] == rub_by_ex[c["example_id"]]["rubric_version"]
+        if c["strategy"] == "chosen":
+            assert c["side"] == "chosen" and c["honours"] == items and c["violates"] == []
+        elif c["strategy"] == "avoid_all":
+            assert c["side"] == "rejected" and c["violates"] == items and c["honours"] == []
+        elif c["strategy"] == "violate_one":
+            assert c["violates"] == [c["target_item"]]
+            assert sorted(c["honours"] + c["violates"]) == sorted(items)
+        else:
+            donor = c["other_user"]
+            assert donor["user_id"] != c["user_id"]
+            assert donor["example_id"] != c["example_id"]
+    # the word cap reaches the prompt; the stand-in honours it, so answers stay under it
+    assert max(c["word_count"] for c in cands) <= 100
+    # the two violate_one samples of an example target different items
+    targets = Counter((c["example_id"], c["target_item"]) for c in cands if "target_item" in c)
+    assert max(targets.values()) == 1
+
+    # a second run is served from the finished stages: no request at all
+    before = server.request_count
+    _run(cfg_path)
+    assert server.request_count == before
+
+
+def test_changing_responses_setting_redoes_responses_only(tmp_path, server, capsys):
+    cfg_path = write_config(tmp_path, server, rubrics={"source": "generated"})
+    _run(cfg_path)
+    rd = RunDir(tmp_path / "outputs" / "t")
+    rubric_marker = (rd.stage("rubrics").path / "_DONE.json").read_text()
+    old = {c["candidate_id"] for c in rd.stage("responses").rows()}
+    sent = server.request_count
+
+    messages: list[str] = []
+    stats = run_pipeline(
+        load_config(cfg_path, ["responses.word_cap=60"]), progress=False, echo=messages.append
+    )
+    assert "rubrics" not in stats and "ingest" not in stats
+    assert "responses" in stats
+    assert (rd.stage("rubrics").path / "_DONE.json").read_text() == rubric_marker
+    assert any("[responses] re-doing" in m and "word_cap" in m for m in messages)
+    # rubric requests were not sent again; every response prompt changed, so all were sent
+    new_bodies = [r["body"] for r in server.requests[sent:]]
+    assert not any(b.get("response_format") for b in new_bodies)
+    assert len(new_bodies) == len({c["provenance"]["request_key"] for c in rd.stage("responses").rows()})
+    assert {c["candidate_id"] for c in rd.stage("responses").rows()} == old  # ids: same inputs
+
+
+def test_changing_rubric_setting_redoes_downstream(tmp_path, server):
+    cfg_path = write_config(tmp_path, server)
+    _run(cfg_path)
+    messages: list[str] = []
+    stats = run_pipeline(
+        load_config(cfg_path, ["rubrics.merge_threshold=50"]), progress=False, echo=messages.append
+    )
+    assert set(stats) == {"rubrics", "responses"}
+    assert any("[responses] re-doing: stage 'rubrics' was re-done" in m for m in messages)
+
+
+def test_until_and_only(tmp_path, server, capsys):
+    cfg_path = write_config(tmp_path, server)
+    stats = _run(cfg_path, until="rubrics")
+    assert set(stats) == {"ingest", "rubrics"}
+    assert server.request_count == 0
+    assert main(["status", str(tmp_path / "outputs" / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "rubrics      done (12 examples)" in out
+    assert "responses    not started" in out
+    stats = _run(cfg_path, only="responses")
+    assert set(stats) == {"responses"}
+
+
+def test_only_needs_upstream(tmp_path, server):
+    cfg_path = write_config(tmp_path, server)
+    with pytest.raises(StageError, match="--until ingest"):
+        _run(cfg_path, only="rubrics")
+
+
+def test_unknown_stage_suggests(tmp_path, server):
+    cfg_path = write_config(tmp_path, server)
+    with pytest.raises(Exception, match="Did you mean 'responses'"):
+        _run(cfg_path, until="response")
+
+
+def test_bad_input_writes_nothing(tmp_path, server):
+    bad = tmp_path / "bad.jsonl"
+    good = Path(__file__).resolve().parent.parent / "examples" / "sample_lamp.jsonl"
+    lines = good.read_text().splitlines()
+    bad.write_text("\n".join([*lines[:3], '{"id": "x", "question": 5, "profile": []}']) + "\n")
+    cfg_path = write_config(tmp_path, server, input={"path": str(bad)})
+    with pytest.raises(InputError) as ei:
+        _run(cfg_path)
+    assert ei.value.line == 4 and ei.value.field == "question"
+    assert not (tmp_path / "outputs" / "t" / "ingest").exists()
+    assert main(["run", str(cfg_path), "--no-progress"]) == 1
+
+
+def test_server_down_is_a_clear_error(tmp_path):
+    cfg_path = write_config(tmp_path, None)  # port 9: nothing listens
+    with pytest.raises(BackendError, match="cannot reach"):
+        _run(cfg_path)
+
+
+def test_failed_requests_leave_stage_partial_then_resume(tmp_path, server):
+    cfg_path = write_config(
+        tmp_path, server, backend={"max_attempts": 1, "max_concurrency": 1},
+        responses={"strategies": ["avoid_all"]},
+    )
+    _run(cfg_path, until="rubrics")
+    server.inject("400", count=1)
+    with pytest.raises(StageError, match="will be retried"):
+        _run(cfg_path)
+    rd = RunDir(tmp_path / "outputs" / "t")
+    state, done, expected = rd.stage("responses").status()
+    assert (state, done, expected) == ("partial", N_EXAMPLES - 1, N_EXAMPLES)
+    sent = server.request_count
+    stats = _run(cfg_path)
+    assert stats["responses"]["resumed_examples"] == N_EXAMPLES - 1
+    assert server.request_count - sent == 1  # only the failed request goes out again
+    assert rd.stage("responses").status()[0] == "done"
+
+
+def test_replay_backend_runs_offline_and_reports_misses(tmp_path, server):
+    cfg_path = write_config(tmp_path, server, rubrics={"source": "generated"})
+    _run(cfg_path)
+    cache = tmp_path / "outputs" / "t" / "cache.sqlite"
+    # a fresh run answered from the recorded cache, with no server at all
+    cfg2 = load_config(
+        cfg_path,
+        ["run.name=replayed", "backend.name=replay", f"backend.replay_cache={cache}",
+         "backend.base_url=http://127.0.0.1:9/v1"],
+    )
+    sent = server.request_count
+    run_pipeline(cfg2, progress=False)
+    assert server.request_count == sent
+    a = sorted((c["candidate_id"], c["text"]) for c in _rows(tmp_path / "outputs" / "t", "responses"))
+    b = sorted((c["candidate_id"], c["text"]) for c in _rows(tmp_path / "outputs" / "replayed", "responses"))
+    assert a == b
+    # a setting that changes the prompts misses the cache: a clear error with the count
+    cfg3 = load_config(
+        cfg_path,
+        ["run.name=replay-miss", "backend.name=replay", f"backend.replay_cache={cache}",
+         "responses.word_cap=50"],
+    )
+    with pytest.raises(BackendError, match=r"replay: \d+ of \d+ requests of stage 'responses'"):
+        run_pipeline(cfg3, progress=False)
+
+
+def test_secrets_never_reach_run_files(tmp_path, server, monkeypatch, capsys):
+    secret = "sk-test-SECRET-4242"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    cfg_path = write_config(tmp_path, server, rubrics={"source": "generated"})
+    assert main(["run", str(cfg_path), "--no-progress"]) == 0
+    # the key did reach the server (it is used), but no file of the run holds it
+    run_dir = tmp_path / "outputs" / "t"
+    for f in run_dir.rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
+    captured = capsys.readouterr()
+    assert secret not in captured.out + captured.err
+    run_yaml = (run_dir / "run.yaml").read_text()
+    assert "api_key_env: OPENAI_API_KEY" in run_yaml
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert env["openai"]
