@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("config", type=Path)
     show.add_argument("--describe", action="store_true", help="also list every field's meaning")
     _add_set(show)
-    csub.add_parser("fields", help="list every config field with its default and meaning")
+    fields = csub.add_parser("fields", help="list every config field with its default and meaning")
+    fields.add_argument("--markdown", action="store_true", help="as a Markdown table")
 
     p = sub.add_parser("status", help="show each stage of a run: done, partial or not started")
     p.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
@@ -69,6 +70,11 @@ def cmd_config(args: argparse.Namespace) -> int:
     from pipeline.config import describe_fields, load_config
 
     if args.config_command == "fields":
+        if args.markdown:
+            print("| field | default | meaning |\n|---|---|---|")
+            for name, default, desc in describe_fields():
+                print(f"| `{name}` | `{default}` | {desc} |")
+            return 0
         for name, default, desc in describe_fields():
             print(f"{name:40s} {default:28s} {desc}")
         return 0

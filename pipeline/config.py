@@ -9,6 +9,7 @@ names the environment variable that holds a key, never the key.
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -78,7 +79,7 @@ class VLLMSection(_Section):
 
 
 class BackendSection(_Section):
-    name: str = Field("openai", description="Backend: openai, vllm, replay (ray: see docs).")
+    name: str = Field("openai", description="Backend: openai, vllm or replay.")
     model: str = Field("stand-in", description="Model name sent to the server / loaded by vLLM.")
     base_url: str = Field(
         "http://127.0.0.1:8000/v1", description="openai: base URL of the compatible server."
@@ -324,17 +325,20 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     return cfg
 
 
-def describe_fields(
-    model: type[BaseModel] = Config, prefix: str = ""
-) -> list[tuple[str, str, str]]:
-    """(dotted name, default, description) for every field, for docs and `config show`."""
+def describe_fields(model: BaseModel | None = None, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default as JSON, description) for every field, for docs and the CLI.
+
+    Walks a default instance, so a section's own defaults (rubric sampling is greedy,
+    say) show rather than the defaults of the nested class.
+    """
+    model = model if model is not None else Config()
     rows = []
-    for name, f in model.model_fields.items():
+    for name, f in type(model).model_fields.items():
         dotted = f"{prefix}{name}"
-        ann = f.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows.extend(describe_fields(ann, dotted + "."))
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            rows.extend(describe_fields(value, dotted + "."))
         else:
-            default = f.get_default(call_default_factory=True)
-            rows.append((dotted, repr(default), f.description or ""))
+            shown = json.dumps(str(value) if isinstance(value, Path) else value)
+            rows.append((dotted, shown, f.description or ""))
     return rows

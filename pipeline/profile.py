@@ -71,12 +71,14 @@ def tokenize(text: str) -> list[str]:
 
 def rank_bm25(question: str, posts: list[dict[str, Any]]) -> list[int]:
     """Indices of ``posts`` from most to least relevant; ties keep input order."""
-    from rank_bm25 import BM25Okapi
+    # BM25+ keeps IDF positive: Okapi gives 0 to a term in half the posts, which on a
+    # profile of a few posts discards exactly the words that matter.
+    from rank_bm25 import BM25Plus
 
     docs = [tokenize(p.get("text", "")) for p in posts]
     if not any(docs):
         return list(range(len(posts)))
-    scores = BM25Okapi([d or ["<empty>"] for d in docs]).get_scores(tokenize(question))
+    scores = BM25Plus([d or ["<empty>"] for d in docs]).get_scores(tokenize(question))
     return sorted(range(len(posts)), key=lambda i: (-float(scores[i]), i))
 
 

@@ -119,7 +119,9 @@ def test_changing_responses_setting_redoes_responses_only(tmp_path, server, caps
     # rubric requests were not sent again; every response prompt changed, so all were sent
     new_bodies = [r["body"] for r in server.requests[sent:]]
     assert not any(b.get("response_format") for b in new_bodies)
-    assert len(new_bodies) == len({c["provenance"]["request_key"] for c in rd.stage("responses").rows()})
+    assert len(new_bodies) == len(
+        {c["provenance"]["request_key"] for c in rd.stage("responses").rows()}
+    )
     assert {c["candidate_id"] for c in rd.stage("responses").rows()} == old  # ids: same inputs
 
 
@@ -180,7 +182,9 @@ def test_server_down_is_a_clear_error(tmp_path):
 
 def test_failed_requests_leave_stage_partial_then_resume(tmp_path, server):
     cfg_path = write_config(
-        tmp_path, server, backend={"max_attempts": 1, "max_concurrency": 1},
+        tmp_path,
+        server,
+        backend={"max_attempts": 1, "max_concurrency": 1},
         responses={"strategies": ["avoid_all"]},
     )
     _run(cfg_path, until="rubrics")
@@ -204,20 +208,33 @@ def test_replay_backend_runs_offline_and_reports_misses(tmp_path, server):
     # a fresh run answered from the recorded cache, with no server at all
     cfg2 = load_config(
         cfg_path,
-        ["run.name=replayed", "backend.name=replay", f"backend.replay_cache={cache}",
-         "backend.base_url=http://127.0.0.1:9/v1"],
+        [
+            "run.name=replayed",
+            "backend.name=replay",
+            f"backend.replay_cache={cache}",
+            "backend.base_url=http://127.0.0.1:9/v1",
+        ],
     )
     sent = server.request_count
     run_pipeline(cfg2, progress=False)
     assert server.request_count == sent
-    a = sorted((c["candidate_id"], c["text"]) for c in _rows(tmp_path / "outputs" / "t", "responses"))
-    b = sorted((c["candidate_id"], c["text"]) for c in _rows(tmp_path / "outputs" / "replayed", "responses"))
+    a = sorted(
+        (c["candidate_id"], c["text"]) for c in _rows(tmp_path / "outputs" / "t", "responses")
+    )
+    b = sorted(
+        (c["candidate_id"], c["text"])
+        for c in _rows(tmp_path / "outputs" / "replayed", "responses")
+    )
     assert a == b
     # a setting that changes the prompts misses the cache: a clear error with the count
     cfg3 = load_config(
         cfg_path,
-        ["run.name=replay-miss", "backend.name=replay", f"backend.replay_cache={cache}",
-         "responses.word_cap=50"],
+        [
+            "run.name=replay-miss",
+            "backend.name=replay",
+            f"backend.replay_cache={cache}",
+            "responses.word_cap=50",
+        ],
     )
     with pytest.raises(BackendError, match=r"replay: \d+ of \d+ requests of stage 'responses'"):
         run_pipeline(cfg3, progress=False)

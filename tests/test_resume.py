@@ -74,9 +74,9 @@ def _count(cache: Path) -> int:
     try:
         db = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=1)
         try:
-            return db.execute(
-                "SELECT COUNT(*) FROM responses WHERE stage='responses'"
-            ).fetchone()[0]
+            return db.execute("SELECT COUNT(*) FROM responses WHERE stage='responses'").fetchone()[
+                0
+            ]
         finally:
             db.close()
     except sqlite3.OperationalError:
@@ -120,8 +120,11 @@ def test_sigkill_mid_responses_then_resume(tmp_path, server):
     assert "[responses] resuming" in res.stderr
 
     # no finished request was sent again
-    resent = [b for b in (r["body"] for r in server.requests[sent_before:])
-              if _prompt_key(b) in done_before]
+    resent = [
+        b
+        for b in (r["body"] for r in server.requests[sent_before:])
+        if _prompt_key(b) in done_before
+    ]
     assert resent == []
     # every request answered exactly once in the cache
     db = sqlite3.connect(cache)

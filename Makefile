@@ -1,0 +1,28 @@
+# Developer commands. `make setup` once, then the others.
+PY ?= .venv/bin/python
+
+.PHONY: setup fmt lint test test-quick bench sample
+
+setup:
+	python3 -m venv .venv && $(PY) -m pip install -q -e '.[dev]'
+
+fmt:
+	$(PY) -m ruff format pipeline tests benchmarks
+	$(PY) -m ruff check --fix pipeline tests benchmarks
+
+lint:
+	$(PY) -m ruff check pipeline tests benchmarks
+	$(PY) -m ruff format --check pipeline tests benchmarks
+
+test:
+	$(PY) -m pytest -q
+
+test-quick:
+	$(PY) -m pytest -q -m "not slow"
+
+bench:
+	$(PY) benchmarks/backend_throughput.py
+	$(PY) benchmarks/generation.py
+
+sample:
+	.venv/bin/prb run configs/sample.yaml --until ingest

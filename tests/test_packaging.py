@@ -1,0 +1,77 @@
+"""The wheel carries prompts/, rubrics/ and annotation/, and the installed package finds them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def test_wheel_ships_data_and_finds_it(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(dist)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    wheel = next(dist.glob("personalized_rewardbench-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for needed in (
+        "pipeline/_data/prompts/response_chosen.j2",
+        "pipeline/_data/rubrics/rubric.schema.json",
+        "pipeline/_data/annotation/README.md",
+        "pipeline/cli.py",
+    ):
+        assert needed in names
+    assert not any(n.startswith(("tests/", "outputs/")) for n in names)
+
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    code = (
+        "import pipeline, pipeline.resources as r; "
+        "print(pipeline.__file__); print(r.data_dir('prompts'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target)},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    assert out[0].startswith(str(target))
+    assert out[1] == str(target / "pipeline" / "_data" / "prompts")
+
+
+def test_help_imports_no_engine():
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pipeline.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "run" in res.stdout and "status" in res.stdout
+    imported = res.stderr
+    for heavy in ("vllm", "ray", "datasets", "openai", "torch"):
+        assert f" {heavy}\n" not in imported and f" {heavy}." not in imported, heavy

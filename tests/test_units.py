@@ -1,0 +1,186 @@
+"""Small units: ids, atomic writes, cache, prompts, profile ranking, rubric items, registry."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.backends.base import ChatRequest, ChatResult, Choice
+from pipeline.cache import RequestCache
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.ids import content_hash, stable_id
+from pipeline.io import atomic_open, read_jsonl, write_jsonl_atomic
+from pipeline.profile import select_profile
+from pipeline.prompts import load_template, parse_template
+from pipeline.registry import Registry
+from pipeline.resources import data_dir
+from pipeline.rundir import StageDir
+from pipeline.stages.responses import derive_seed, find_donors
+from pipeline.stages.rubrics import make_rubric_row, merge_items
+
+
+def test_ids_are_deterministic_and_input_sensitive():
+    assert stable_id("u1", "q", 0) == stable_id("u1", "q", 0)
+    assert stable_id("u1", "q", 0) != stable_id("u1", "q", 1)
+    assert content_hash({"a": 1, "b": 2}) == content_hash({"b": 2, "a": 1})
+    assert derive_seed(0, "ex", "chosen", 0) != derive_seed(1, "ex", "chosen", 0)
+    assert 0 <= derive_seed(0, "ex", "chosen", 0) < 2**31
+
+
+def test_atomic_write_leaves_old_file_on_error(tmp_path):
+    target = tmp_path / "f.jsonl"
+    write_jsonl_atomic(target, [{"a": 1}])
+    with pytest.raises(RuntimeError), atomic_open(target) as fh:
+        fh.write('{"a": 2}\n')
+        raise RuntimeError("crash mid-write")
+    assert list(read_jsonl(target)) == [{"a": 1}]
+    assert [p.name for p in tmp_path.iterdir()] == ["f.jsonl"]  # no temp file left
+
+
+def test_request_key_covers_everything_that_decides_the_answer():
+    base = ChatRequest(messages=(("user", "hi"),), model="m", temperature=0.5, seed=1)
+    variants = [
+        ChatRequest(messages=(("user", "hi!"),), model="m", temperature=0.5, seed=1),
+        ChatRequest(messages=(("user", "hi"),), model="m2", temperature=0.5, seed=1),
+        ChatRequest(messages=(("user", "hi"),), model="m", temperature=0.6, seed=1),
+        ChatRequest(messages=(("user", "hi"),), model="m", temperature=0.5, seed=2),
+        ChatRequest(messages=(("user", "hi"),), model="m", temperature=0.5, seed=1, n=2),
+        ChatRequest(
+            messages=(("user", "hi"),),
+            model="m",
+            temperature=0.5,
+            seed=1,
+            json_schema={"type": "object"},
+        ),
+    ]
+    keys = {base.key} | {v.key for v in variants}
+    assert len(keys) == len(variants) + 1
+    same = ChatRequest(messages=(("user", "hi"),), model="m", temperature=0.5, seed=1)
+    assert same.key == base.key
+
+
+def test_cache_roundtrip_errors_kept_apart(tmp_path):
+    req = ChatRequest(messages=(("user", "x"),), model="m")
+    with RequestCache(tmp_path / "c.sqlite") as cache:
+        assert cache.get(req.key) is None
+        cache.put_error(req, "s", "HTTP 500", 3)
+        assert cache.get(req.key) is None  # a failure is never served as an answer
+        res = ChatResult([Choice("answer", "stop")], 3, 1, "m")
+        cache.put(req, res, "s")
+        cache.put(req, res, "s")  # idempotent
+        assert cache.count("s") == 1
+        assert cache.get(req.key) == res
+        assert cache.errors("s")[0]["reason"] == "HTTP 500"
+
+
+def test_stage_dir_shards_and_orphan_rejects(tmp_path):
+    sd = StageDir(tmp_path / "st")
+    sd.begin("fp", {}, expected=3)
+    sd.write_shard([{"example_id": "a"}], [{"example_id": "b", "reason": "x"}])
+    # a crash between the rejects file and the data file of the next shard
+    (sd.path / "rejects-00001.jsonl").write_text('{"example_id": "c", "reason": "x"}\n')
+    sd.begin("fp", {}, expected=3)
+    assert not (sd.path / "rejects-00001.jsonl").exists()
+    assert sd.done_examples() == {"a", "b"}
+    assert sd.status() == ("partial", 2, 3)
+    sd.finish({"n": 2})
+    assert sd.status() == ("done", 2, 3)
+
+
+def test_templates_have_versions_and_render():
+    for name in (
+        "rubric_generate",
+        "response_chosen",
+        "response_avoid_all",
+        "response_violate_one",
+        "response_other_user",
+    ):
+        t = load_template(name)
+        assert t.version == "1"
+        assert len(t.sha256) == 64
+    t = load_template("response_chosen")
+    msgs = t.render(
+        question="Q?", profile=[{"text": "post"}], word_cap=50, items=[{"aspect": "mention cost"}]
+    )
+    assert [r for r, _ in msgs] == ["system", "user"]
+    assert "at most 50 words" in msgs[1][1] and "mention cost" in msgs[1][1]
+    with pytest.raises(PipelineError, match="question"):
+        t.render(profile=[], word_cap=5, items=[])  # a missing variable is an error
+    with pytest.raises(PipelineError, match="version"):
+        parse_template("x", "### user\nhi")
+
+
+def test_profile_selection_prefers_relevant_posts():
+    posts = [
+        {"id": "1", "text": "I baked sourdough bread this weekend"},
+        {"id": "2", "text": "My watercolor painting keeps getting muddy colors"},
+        {"id": "3", "text": "Cycling to work is scary"},
+        {"id": "4", "text": "Which watercolor paper stops colors going muddy?"},
+    ]
+    top = select_profile("How do I stop my watercolor colors from getting muddy?", posts, k=2)
+    assert {p["id"] for p in top} == {"2", "4"}
+    assert select_profile("anything", posts[:1], k=5) == posts[:1]
+
+
+def test_rubric_items_merge_and_stable_ids():
+    items = [
+        {"aspect": "Suggests free online resources", "evidence": "e", "reason": "r"},
+        {"aspect": "suggests free online resources!", "evidence": "e2", "reason": "r2"},
+        {"aspect": "Keeps practice sessions short", "evidence": "", "reason": ""},
+    ]
+    kept, merged = merge_items(items, threshold=90)
+    assert [k["aspect"] for k in kept] == [items[0]["aspect"], items[2]["aspect"]]
+    assert merged[0]["into"] == items[0]["aspect"]
+    ex = {"example_id": "e1", "user_id": "u1"}
+    row1 = make_rubric_row(ex, kept, "given", {})
+    row2 = make_rubric_row(ex, list(kept), "given", {})
+    assert row1 == row2
+    assert len({it["item_id"] for it in row1["items"]}) == 2
+    row3 = make_rubric_row(ex, kept[:1], "given", {})
+    assert row3["rubric_version"] != row1["rubric_version"]
+    assert row3["items"][0]["item_id"] == row1["items"][0]["item_id"]
+
+
+def test_donors_are_other_users_with_similar_questions():
+    exs = [
+        {"example_id": "a", "user_id": "u1", "question": "best watercolor paper", "category": "A"},
+        {
+            "example_id": "b",
+            "user_id": "u2",
+            "question": "which watercolor paper is best",
+            "category": "A",
+        },
+        {
+            "example_id": "c",
+            "user_id": "u3",
+            "question": "how to train for a marathon",
+            "category": "B",
+        },
+        {
+            "example_id": "d",
+            "user_id": "u1",
+            "question": "best watercolor paper ever",
+            "category": "A",
+        },
+    ]
+    donors = find_donors(exs, {e["example_id"]: {} for e in exs})
+    assert donors["a"] == "b"  # d is the same user: never a donor
+    assert donors["b"] in {"a", "d"}
+    assert donors["c"] != "c"
+
+
+def test_registry_did_you_mean():
+    r = Registry("widget")
+    r.register("alpha", "os:getcwd")
+    assert r.get("alpha") is os.getcwd  # lazy import resolved on first use
+    with pytest.raises(ConfigError, match="Did you mean 'alpha'"):
+        r.get("alpah")
+
+
+def test_data_dirs_found():
+    for name in ("prompts", "rubrics", "annotation"):
+        assert data_dir(name).is_dir()
+    assert (data_dir("prompts") / "response_chosen.j2").exists()
+    assert isinstance(Path(data_dir("rubrics")), Path)
