@@ -1,7 +1,7 @@
 # Developer commands. `make setup` once, then the others.
 PY ?= .venv/bin/python
 
-.PHONY: setup fmt lint test test-quick bench sample
+.PHONY: setup fmt lint test test-quick bench sample docs
 
 setup:
 	python3 -m venv .venv && $(PY) -m pip install -q -e '.[dev]'
@@ -26,3 +26,6 @@ bench:
 
 sample:
 	.venv/bin/prb run configs/sample.yaml --until ingest
+
+docs:
+	$(PY) scripts/gen_config_docs.py

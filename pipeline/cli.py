@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     fields = csub.add_parser("fields", help="list every config field with its default and meaning")
     fields.add_argument("--markdown", action="store_true", help="as a Markdown table")
 
+    p = sub.add_parser("inspect", help="list the pairs a filter dropped, with the reason")
+    p.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
+    p.add_argument("--reason", metavar="NAME", help="only drops with this reason (a filter name)")
+    p.add_argument("--stage", default="pairs", help="stage whose rejects to list (default pairs)")
+    p.add_argument("--limit", type=int, default=20, help="show at most this many (0: all)")
+    p.add_argument("--json", action="store_true", help="print the rejected rows as JSON lines")
+    _add_set(p)
+
     p = sub.add_parser("status", help="show each stage of a run: done, partial or not started")
     p.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
     _add_set(p)
@@ -114,6 +122,45 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    import json
+    from collections import Counter
+
+    from pipeline.rundir import RunDir
+
+    path = _run_dir(args.run, args.overrides)
+    sd = RunDir(path).stage(args.stage)
+    if not sd.path.exists():
+        print(f"{sd.path}: stage '{args.stage}' has not run", file=sys.stderr)
+        return 1
+    rejects = list(sd.rejects())
+    counts = Counter(r["reason"] for r in rejects)
+    if args.reason and args.reason not in counts:
+        known = ", ".join(f"{k} ({v})" for k, v in counts.most_common()) or "none"
+        print(f"no drops with reason '{args.reason}'; reasons here: {known}", file=sys.stderr)
+        return 1
+    chosen = [r for r in rejects if not args.reason or r["reason"] == args.reason]
+    shown = chosen if args.limit == 0 else chosen[: args.limit]
+    if args.json:
+        for r in shown:
+            print(json.dumps(r, ensure_ascii=False))
+        return 0
+    print(
+        f"{args.stage}: {len(rejects)} dropped; by reason: "
+        + ", ".join(f"{k} {v}" for k, v in counts.most_common())
+    )
+    for r in shown:
+        print(f"- {r['example_id']} [{r['reason']}] {r.get('detail', '')}")
+        for p in r.get("pairs", [])[:8]:
+            print(
+                f"    {p['strategy']:12s} {p['chosen_id']} vs {p['rejected_id']}: "
+                f"{p['reason'] or 'kept'} {p.get('detail') or ''}"
+            )
+    if len(chosen) > len(shown):
+        print(f"... {len(chosen) - len(shown)} more (--limit 0 shows all)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -122,7 +169,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
-    handlers = {"run": cmd_run, "config": cmd_config, "status": cmd_status}
+    handlers = {
+        "run": cmd_run,
+        "config": cmd_config,
+        "status": cmd_status,
+        "inspect": cmd_inspect,
+    }
     if args.command not in handlers:
         parser.print_help()
         return 2

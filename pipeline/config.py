@@ -184,6 +184,108 @@ class ResponsesSection(_Section):
         return v
 
 
+class JudgeSection(_Section):
+    model: str | None = Field(
+        None, description="Judge model; default: backend.model (a stronger judge is better)."
+    )
+    sampling: SamplingSection = Field(
+        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=768),
+        description="Sampling for judge calls (greedy: verdicts should be reproducible).",
+    )
+    max_pairs_per_example: int = Field(
+        4,
+        ge=1,
+        description="Chosen x rejected combinations per example sent to the pairwise judge, "
+        "best pointwise margin first.",
+    )
+
+
+class PairsSection(_Section):
+    filters: list[str] = Field(
+        default_factory=lambda: [
+            "judge_parse",
+            "truncated",
+            "refusal",
+            "meta_text",
+            "length",
+            "quality_floor",
+            "quality_gap",
+            "coverage",
+            "pairwise_consistency",
+            "similarity",
+            "near_duplicate",
+        ],
+        description="Pair filters in the order they run (see docs/filters.md).",
+    )
+    quality_floor: int = Field(
+        4, ge=1, le=5, description="Both answers score at least this on all three dimensions."
+    )
+    quality_gap_max: int = Field(
+        1, ge=0, le=4, description="Largest allowed difference on any quality dimension."
+    )
+    coverage_chosen_min: int = Field(
+        2, ge=0, le=2, description="The chosen answer's least coverage score on every item."
+    )
+    coverage_rejected_max: int = Field(
+        0, ge=0, le=2, description="The rejected answer's highest score on its violated items."
+    )
+    coverage_kept_min: int = Field(
+        1,
+        ge=0,
+        le=2,
+        description="violate_one: the rejected answer's least score on the items it keeps.",
+    )
+    length_slack: float = Field(
+        0.1, ge=0, description="Word cap tolerance: both answers <= word_cap * (1 + slack)."
+    )
+    length_ratio_min: float = Field(
+        0.67, gt=0, description="Least chosen/rejected word-count ratio."
+    )
+    length_ratio_max: float = Field(1.5, gt=0, description="Largest chosen/rejected ratio.")
+    similarity_min: float = Field(
+        10.0, ge=0, le=100, description="Least word-level similarity (rapidfuzz Indel, 0-100)."
+    )
+    similarity_max: float = Field(
+        85.0, ge=0, le=100, description="Largest word-level similarity (near-identical above)."
+    )
+    dedup_question_threshold: float = Field(
+        95.0, ge=0, le=100, description="Questions this similar across the set are duplicates."
+    )
+    dedup_answer_threshold: float = Field(
+        95.0, ge=0, le=100, description="Answers this similar across the set are duplicates."
+    )
+    meta_patterns: list[str] = Field(
+        default_factory=lambda: [
+            r"\brubric",
+            r"\b(?:listed|given|expected|following|required) (?:aspects|points)\b",
+            r"\b(?:the )?user(?:'s)? expect",
+            r"\bwhat you expect\b",
+            r"\bas (?:you )?(?:requested|instructed)\b",
+            r"\bthis (?:answer|response) (?:covers|avoids|addresses)\b",
+        ],
+        description="Regexes (case-insensitive) that mark an answer talking about its brief.",
+    )
+    refusal_patterns: list[str] = Field(
+        default_factory=lambda: [
+            r"^\W*(?:i'?m sorry|sorry,|i apologi[sz]e|as an ai)\b",
+            r"\bi (?:cannot|can't|can not|won't|am unable to) (?:help|assist|provide|answer)\b",
+        ],
+        description="Regexes (case-insensitive) that mark a refusal.",
+    )
+
+    @field_validator("filters")
+    @classmethod
+    def _known_filters(cls, v: list[str]) -> list[str]:
+        from pipeline.filters import FILTERS
+
+        for name in v:
+            try:
+                FILTERS.check(name)
+            except ConfigError as exc:
+                raise ValueError(exc.reason) from None
+        return v
+
+
 class Config(_Section):
     run: RunSection = Field(default_factory=RunSection, description="Run identity and seed.")
     input: InputSection = Field(
@@ -197,6 +299,8 @@ class Config(_Section):
     responses: ResponsesSection = Field(
         default_factory=ResponsesSection, description="Response stage."
     )
+    judge: JudgeSection = Field(default_factory=JudgeSection, description="Judge stage.")
+    pairs: PairsSection = Field(default_factory=PairsSection, description="Pair stage.")
 
     # Where the config file lives; relative input paths resolve against it.
     _base_dir: Path = Path(".")

@@ -20,7 +20,8 @@ from pipeline.backends.base import Backend, ChatRequest, ChatResult, RequestFail
 from pipeline.cache import RequestCache
 from pipeline.errors import BackendError, StageError
 
-# validate(request, text) -> parsed value; raises ValueError with a short reason when invalid
+# validate(request, text) -> parsed value; raises ValueError with a short reason when invalid.
+# It always receives the stage's original request, also when judging the answer to a re-ask.
 Validator = Callable[[ChatRequest, str], Any]
 
 REASK_TEMPLATE = (
@@ -158,7 +159,7 @@ class LLMRunner:
                 if hit is None:
                     pending.append((i, req, k))
                     continue
-                parsed, err = self._check(req, hit, validate)
+                parsed, err = self._check(requests[i], hit, validate)
                 if err is None:
                     st.cached += 1
                     bar.update(1)
@@ -207,7 +208,7 @@ class LLMRunner:
                 st.prompt_tokens += res.prompt_tokens
                 st.completion_tokens += res.completion_tokens
                 self.cache.put(req, res, self.stage)
-                parsed, err = self._check(req, res, validate)
+                parsed, err = self._check(requests[i], res, validate)
                 if err is not None and k < self.max_reasks:
                     st.reasks += 1
                     pending.append((i, _reask(req, res.choices[0].text, err), k + 1))

@@ -143,6 +143,8 @@ def run_pipeline(
             sd.finish(stats)
             results[name] = stats
             echo(f"[{name}] done: {summarize(stats)}")
+            if "dropped_by_reason" in stats:
+                echo(funnel(stats))
     finally:
         ctx.close()
     return results
@@ -152,3 +154,13 @@ def summarize(stats: dict[str, Any]) -> str:
     keys = [k for k, v in stats.items() if isinstance(v, (int, float)) and k != "seconds"]
     parts = [f"{k}={stats[k]}" for k in keys[:6]]
     return ", ".join(parts) + f" in {stats.get('seconds', 0)}s"
+
+
+def funnel(stats: dict[str, Any]) -> str:
+    """The pair stage's funnel as text: examples in, drops by reason, pairs kept."""
+    lines = [f"  examples          {stats['examples']:6d}"]
+    for reason, n in stats["dropped_by_reason"].items():
+        if n:
+            lines.append(f"  - {reason:16s}{n:6d}")
+    lines.append(f"  = kept            {stats['kept']:6d}")
+    return "\n".join(lines)

@@ -112,4 +112,4 @@ def test_config_reference_matches_code(capsys):
     doc = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
     assert main(["config", "fields", "--markdown"]) == 0
     table = capsys.readouterr().out
-    assert table.strip() in doc, "regenerate docs/config.md with `prb config fields --markdown`"
+    assert table.strip() in doc, "regenerate docs/config.md with `make docs`"

@@ -128,6 +128,14 @@ def test_429_waits_for_retry_after_then_succeeds(server: StandinServer) -> None:
     assert seconds >= 0.25
 
 
+def test_retry_after_is_capped_by_backoff_max(server: StandinServer) -> None:
+    server.inject("429", retry_after=30)
+    res, seconds = one(backend_cfg(server, backoff_max_s=0.2))
+    assert isinstance(res, ChatResult)
+    assert statuses(server) == [429, 200]
+    assert seconds < 5  # waited backoff_max_s, not the 30 s asked for
+
+
 @pytest.mark.parametrize("kind", ["500", "503"])
 def test_5xx_is_retried(server: StandinServer, kind: str) -> None:
     server.inject(kind)

@@ -32,7 +32,7 @@ def test_end_to_end(tmp_path, server, source):
     cfg_path = write_config(tmp_path, server, rubrics={"source": source})
     stats = _run(cfg_path)
     run_dir = tmp_path / "outputs" / "t"
-    assert set(stats) == {"ingest", "rubrics", "responses"}
+    assert set(stats) == {"ingest", "rubrics", "responses", "judge", "pairs"}
 
     examples = _rows(run_dir, "ingest")
     assert len(examples) == N_EXAMPLES
@@ -102,7 +102,7 @@ def test_end_to_end(tmp_path, server, source):
 
 def test_changing_responses_setting_redoes_responses_only(tmp_path, server, capsys):
     cfg_path = write_config(tmp_path, server, rubrics={"source": "generated"})
-    _run(cfg_path)
+    _run(cfg_path, until="responses")
     rd = RunDir(tmp_path / "outputs" / "t")
     rubric_marker = (rd.stage("rubrics").path / "_DONE.json").read_text()
     old = {c["candidate_id"] for c in rd.stage("responses").rows()}
@@ -110,7 +110,10 @@ def test_changing_responses_setting_redoes_responses_only(tmp_path, server, caps
 
     messages: list[str] = []
     stats = run_pipeline(
-        load_config(cfg_path, ["responses.word_cap=60"]), progress=False, echo=messages.append
+        load_config(cfg_path, ["responses.word_cap=60"]),
+        until="responses",
+        progress=False,
+        echo=messages.append,
     )
     assert "rubrics" not in stats and "ingest" not in stats
     assert "responses" in stats
@@ -132,7 +135,7 @@ def test_changing_rubric_setting_redoes_downstream(tmp_path, server):
     stats = run_pipeline(
         load_config(cfg_path, ["rubrics.merge_threshold=50"]), progress=False, echo=messages.append
     )
-    assert set(stats) == {"rubrics", "responses"}
+    assert set(stats) == {"rubrics", "responses", "judge", "pairs"}
     assert any("[responses] re-doing: stage 'rubrics' was re-done" in m for m in messages)
 
 
@@ -190,12 +193,12 @@ def test_failed_requests_leave_stage_partial_then_resume(tmp_path, server):
     _run(cfg_path, until="rubrics")
     server.inject("400", count=1)
     with pytest.raises(StageError, match="will be retried"):
-        _run(cfg_path)
+        _run(cfg_path, until="responses")
     rd = RunDir(tmp_path / "outputs" / "t")
     state, done, expected = rd.stage("responses").status()
     assert (state, done, expected) == ("partial", N_EXAMPLES - 1, N_EXAMPLES)
     sent = server.request_count
-    stats = _run(cfg_path)
+    stats = _run(cfg_path, until="responses")
     assert stats["responses"]["resumed_examples"] == N_EXAMPLES - 1
     assert server.request_count - sent == 1  # only the failed request goes out again
     assert rd.stage("responses").status()[0] == "done"

@@ -8,8 +8,10 @@ STAGES = Registry("stage")
 STAGES.register("ingest", "pipeline.stages.ingest:IngestStage")
 STAGES.register("rubrics", "pipeline.stages.rubrics:RubricStage")
 STAGES.register("responses", "pipeline.stages.responses:ResponseStage")
+STAGES.register("judge", "pipeline.stages.judge:JudgeStage")
+STAGES.register("pairs", "pipeline.stages.pairs:PairStage")
 
 # Run order (the registry itself is unordered).
-ORDER: tuple[str, ...] = ("ingest", "rubrics", "responses")
+ORDER: tuple[str, ...] = ("ingest", "rubrics", "responses", "judge", "pairs")
 
 __all__ = ["ORDER", "STAGES"]

@@ -1,0 +1,227 @@
+"""pairs: one chosen/rejected pair per example, or a drop with reason codes.
+
+Each judged combination runs through the configured filters in order; the first filter
+that drops it gives its reason. Of the combinations that pass, the one with the best
+margin is kept. An example none of whose combinations pass is dropped with the reason
+of the combination that got furthest, and every combination's reason is kept on disk.
+Set-level filters (near-duplicates across the set) run last over the kept pairs.
+
+Margin = the chosen answer's mean coverage minus the rejected answer's mean coverage of
+its violated items, plus a quarter point for each rubric-blind verdict that does not
+prefer the chosen, minus a quarter point per unit of the largest quality gap.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from pipeline.filters import DIMENSIONS, FILTERS, PairFilter, PairView, word_similarity
+from pipeline.ids import stable_id
+from pipeline.rundir import StageDir
+from pipeline.stages.base import Context, Stage
+from pipeline.stages.ingest import EXAMPLE_FIELDS
+from pipeline.stages.judge import JUDGE_FIELDS
+from pipeline.stages.responses import CANDIDATE_FIELDS
+from pipeline.stages.rubrics import RUBRIC_FIELDS
+
+PAIR_FIELDS = {
+    "pair_id",
+    "example_id",
+    "user_id",
+    "question",
+    "category",
+    "chosen",
+    "rejected",
+    "chosen_id",
+    "rejected_id",
+    "strategy",
+    "violated_item_ids",
+    "rubric_version",
+    "margin",
+}
+
+
+def margin(view: PairView) -> float:
+    cc = view.coverage_chosen["scores"]
+    cr = view.coverage_rejected["scores"]
+    cov_c = sum(cc.values()) / max(len(cc), 1)
+    violated = view.rejected.get("violates") or list(cr)
+    cov_r = sum(cr.get(i, 0) for i in violated) / max(len(violated), 1)
+    blind = view.pairwise.get("pairwise_blind", {})
+    not_leaky = sum(1 for o in ("AB", "BA") if blind.get(o, {}).get("prefers") != "chosen")
+    gap = max(abs(view.quality_chosen[d] - view.quality_rejected[d]) for d in DIMENSIONS)
+    return round(cov_c - cov_r + 0.25 * not_leaky - 0.25 * gap, 4)
+
+
+class PairStage(Stage):
+    name = "pairs"
+    requires = ("judge",)
+    reads = {
+        "ingest": EXAMPLE_FIELDS,
+        "rubrics": RUBRIC_FIELDS,
+        "responses": CANDIDATE_FIELDS,
+        "judge": JUDGE_FIELDS,
+    }
+    writes = PAIR_FIELDS | {"judge", "provenance"}
+
+    def settings(self, ctx: Context) -> dict[str, Any]:
+        return {
+            "pairs": ctx.config.pairs.model_dump(mode="json"),
+            "word_cap": ctx.config.responses.word_cap,
+        }
+
+    def expected(self, ctx: Context) -> int:
+        return sum(1 for _ in self.input_rows(ctx, "judge"))
+
+    def filters(self, ctx: Context) -> list[PairFilter]:
+        cfg = ctx.config
+        return [FILTERS.get(n)(cfg.pairs, cfg.responses.word_cap) for n in cfg.pairs.filters]
+
+    def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
+        examples = {e["example_id"]: e for e in self.input_rows(ctx, "ingest")}
+        rubrics = {r["example_id"]: r for r in self.input_rows(ctx, "rubrics")}
+        cands = {c["candidate_id"]: c for c in self.input_rows(ctx, "responses")}
+        filters = self.filters(ctx)
+        pair_filters = [f for f in filters if not f.set_level]
+        set_filters = [f for f in filters if f.set_level]
+
+        kept: list[dict] = []
+        rejects: list[dict] = []
+        pair_drops: Counter = Counter()
+        pairs_seen = 0
+        for judged in self.input_rows(ctx, "judge"):
+            ex_id = judged["example_id"]
+            ex, rub = examples[ex_id], rubrics[ex_id]
+            passing: list[tuple[float, PairView, dict]] = []
+            outcomes = []
+            for p in judged["pairwise"]:
+                pairs_seen += 1
+                view = PairView(
+                    example=ex,
+                    rubric=rub,
+                    chosen=cands[p["chosen_id"]],
+                    rejected=cands[p["rejected_id"]],
+                    quality_chosen=judged["quality"].get(p["chosen_id"]),
+                    quality_rejected=judged["quality"].get(p["rejected_id"]),
+                    coverage_chosen=judged["coverage"].get(p["chosen_id"]),
+                    coverage_rejected=judged["coverage"].get(p["rejected_id"]),
+                    pairwise={k: p.get(k, {}) for k in ("pairwise_aware", "pairwise_blind")},
+                )
+                reason, detail, passed = None, None, 0
+                for f in pair_filters:
+                    ok, why = f.check(view)
+                    if not ok:
+                        reason, detail = f.name, why
+                        break
+                    passed += 1
+                if reason is None:
+                    passing.append((margin(view), view, p))
+                else:
+                    pair_drops[reason] += 1
+                outcomes.append(
+                    {
+                        "chosen_id": p["chosen_id"],
+                        "rejected_id": p["rejected_id"],
+                        "strategy": view.rejected["strategy"],
+                        "reason": reason,
+                        "detail": detail,
+                        "filters_passed": passed,
+                    }
+                )
+            if passing:
+                passing.sort(key=lambda t: (-t[0], t[2]["pair_id"]))
+                m, view, p = passing[0]
+                kept.append(self._pair_row(ex, rub, view, p, m, judged))
+            else:
+                furthest = max(outcomes, key=lambda o: o["filters_passed"], default=None)
+                rejects.append(
+                    {
+                        "example_id": ex_id,
+                        "user_id": ex["user_id"],
+                        "reason": furthest["reason"] if furthest else "no_pairs",
+                        "detail": furthest["detail"] if furthest else "no judged combination",
+                        "pairs": outcomes,
+                    }
+                )
+
+        set_drops: Counter = Counter()
+        for f in set_filters:
+            drops = f.apply(kept)
+            if not drops:
+                continue
+            still = []
+            for row in kept:
+                why = drops.get(row["example_id"])
+                if why is None:
+                    still.append(row)
+                    continue
+                set_drops[f.name] += 1
+                rejects.append(
+                    {
+                        "example_id": row["example_id"],
+                        "user_id": row["user_id"],
+                        "reason": f.name,
+                        "detail": why,
+                        "pairs": [
+                            {
+                                "chosen_id": row["chosen_id"],
+                                "rejected_id": row["rejected_id"],
+                                "strategy": row["strategy"],
+                                "reason": f.name,
+                                "detail": why,
+                            }
+                        ],
+                    }
+                )
+            kept = still
+
+        out.write_shard(
+            sorted(kept, key=lambda r: r["example_id"]),
+            sorted(rejects, key=lambda r: r["example_id"]),
+        )
+        dropped = Counter(r["reason"] for r in rejects)
+        total = len(kept) + len(rejects)
+        return {
+            "examples": total,
+            "kept": len(kept),
+            "dropped": len(rejects),
+            "dropped_by_reason": {f.name: dropped.get(f.name, 0) for f in filters}
+            | {k: v for k, v in dropped.items() if k not in {f.name for f in filters}},
+            "pairs_judged": pairs_seen,
+            "pairs_dropped_by_filter": dict(pair_drops),
+            "set_level_drops": dict(set_drops),
+            "kept_by_strategy": dict(Counter(r["strategy"] for r in kept)),
+        }
+
+    @staticmethod
+    def _pair_row(ex: dict, rub: dict, view: PairView, p: dict, m: float, judged: dict) -> dict:
+        ch, rj = view.chosen, view.rejected
+        return {
+            "pair_id": stable_id(ex["example_id"], ch["candidate_id"], rj["candidate_id"]),
+            "example_id": ex["example_id"],
+            "user_id": ex["user_id"],
+            "question": ex["question"],
+            "category": ex.get("category"),
+            "chosen": ch["text"],
+            "rejected": rj["text"],
+            "chosen_id": ch["candidate_id"],
+            "rejected_id": rj["candidate_id"],
+            "strategy": rj["strategy"],
+            "violated_item_ids": rj.get("violates", []),
+            "rubric_version": rub["rubric_version"],
+            "margin": m,
+            "similarity": round(word_similarity(ch["text"], rj["text"]), 2),
+            "judge": {
+                "quality": {"chosen": view.quality_chosen, "rejected": view.quality_rejected},
+                "coverage": {
+                    "chosen": view.coverage_chosen["scores"],
+                    "rejected": view.coverage_rejected["scores"],
+                },
+                "pairwise": view.pairwise,
+            },
+            "provenance": {
+                "generator": {"chosen": ch.get("provenance"), "rejected": rj.get("provenance")},
+                "judge": judged.get("provenance"),
+            },
+        }

@@ -1,0 +1,181 @@
+"""Each pair filter on crafted pairs: one that it keeps and one that it drops."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from pipeline.config import PairsSection
+from pipeline.filters import FILTERS, PairView, word_similarity
+
+ITEMS = [{"item_id": "a1", "aspect": "x"}, {"item_id": "a2", "aspect": "y"}]
+CHOSEN_TEXT = (
+    "Start with ten minute gesture sessions on your commute and use a free pose site; "
+    "trace your own hand photos twice a week to learn the basic shapes."
+)
+REJECTED_TEXT = (
+    "Start with a structured anatomy course and study the bones of the hand in detail; "
+    "practise from a mirror each evening to learn the basic shapes."
+)
+
+
+def good_pair() -> PairView:
+    q = {"parse_ok": True, "correctness": 5, "relevance": 5, "helpfulness": 4}
+    verdict = {"parse_ok": True}
+    return PairView(
+        example={"example_id": "e1", "question": "How do I draw hands?"},
+        rubric={"items": ITEMS},
+        chosen={"text": CHOSEN_TEXT, "finish_reason": "stop", "strategy": "chosen"},
+        rejected={
+            "text": REJECTED_TEXT,
+            "finish_reason": "stop",
+            "strategy": "avoid_all",
+            "violates": ["a1", "a2"],
+            "honours": [],
+        },
+        quality_chosen=dict(q),
+        quality_rejected=dict(q),
+        coverage_chosen={"parse_ok": True, "scores": {"a1": 2, "a2": 2}},
+        coverage_rejected={"parse_ok": True, "scores": {"a1": 0, "a2": 0}},
+        pairwise={
+            "pairwise_aware": {
+                "AB": {**verdict, "prefers": "chosen"},
+                "BA": {**verdict, "prefers": "chosen"},
+            },
+            "pairwise_blind": {
+                "AB": {**verdict, "prefers": "tie"},
+                "BA": {**verdict, "prefers": "chosen"},
+            },
+        },
+    )
+
+
+def run(name: str, pair: PairView, **cfg):
+    f = FILTERS.get(name)(PairsSection(**cfg), 100)
+    return f.check(pair)
+
+
+def mutate(fn) -> PairView:
+    p = copy.deepcopy(good_pair())
+    fn(p)
+    return p
+
+
+CASES = {
+    "judge_parse": lambda p: p.coverage_rejected.update(parse_ok=False),
+    "truncated": lambda p: p.rejected.update(finish_reason="length"),
+    "refusal": lambda p: p.rejected.update(text="I'm sorry, but I can't help with that."),
+    "meta_text": lambda p: p.chosen.update(text=CHOSEN_TEXT + " This covers your rubric."),
+    "length": lambda p: p.chosen.update(text=CHOSEN_TEXT + " more words" * 40),
+    "quality_floor": lambda p: p.quality_rejected.update(correctness=2),
+    "quality_gap": lambda p: (
+        p.quality_chosen.update(helpfulness=5),
+        p.quality_rejected.update(helpfulness=3),
+    ),
+    "coverage": lambda p: p.coverage_chosen["scores"].update(a2=1),
+    "pairwise_consistency": lambda p: p.pairwise["pairwise_aware"]["BA"].update(prefers="rejected"),
+    "similarity": lambda p: p.rejected.update(text=CHOSEN_TEXT),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_filter_keeps_good_and_drops_bad(name):
+    ok, why = run(name, good_pair(), quality_floor=4)
+    assert ok and why is None
+    ok, why = run(name, mutate(CASES[name]), quality_floor=4)
+    assert not ok
+    assert isinstance(why, str) and why
+
+
+def test_every_pair_filter_has_a_case():
+    pair_level = {n for n in FILTERS.names() if not FILTERS.get(n).set_level}
+    assert pair_level == set(CASES)
+
+
+def test_coverage_violate_one_must_keep_other_items():
+    def to_violate_one(p):
+        p.rejected.update(strategy="violate_one", violates=["a1"], honours=["a2"])
+        p.coverage_rejected["scores"].update(a1=0, a2=2)
+
+    assert run("coverage", mutate(to_violate_one)) == (True, None)
+
+    def loses_kept(p):
+        to_violate_one(p)
+        p.coverage_rejected["scores"]["a2"] = 0
+
+    ok, why = run("coverage", mutate(loses_kept))
+    assert not ok and "a2" in why
+
+    def hits_target(p):
+        to_violate_one(p)
+        p.coverage_rejected["scores"]["a1"] = 1
+
+    ok, why = run("coverage", mutate(hits_target))
+    assert not ok and "a1" in why
+
+
+def test_blind_judge_leak_is_dropped():
+    def leak(p):
+        p.pairwise["pairwise_blind"]["AB"]["prefers"] = "chosen"
+        p.pairwise["pairwise_blind"]["BA"]["prefers"] = "chosen"
+
+    ok, why = run("pairwise_consistency", mutate(leak))
+    assert not ok and "leak" in why
+
+
+def test_length_ratio_band():
+    short = mutate(lambda p: p.rejected.update(text="Use a pose site daily."))
+    ok, why = run("length", short)
+    assert not ok and "ratio" in why
+
+
+def test_similarity_too_different():
+    other = mutate(lambda p: p.rejected.update(text="Quantum zebra violin parliament."))
+    ok, why = run("similarity", other)
+    assert not ok and "too different" in why
+    assert word_similarity("a b c", "a b c") == 100.0
+
+
+def test_meta_text_leaves_ordinary_uses_alone():
+    ordinary = mutate(
+        lambda p: p.chosen.update(
+            text=CHOSEN_TEXT + " Several aspects of drawing improve together."
+        )
+    )
+    assert run("meta_text", ordinary) == (True, None)
+
+
+def test_near_duplicate_set_filter():
+    f = FILTERS.get("near_duplicate")(PairsSection(), 100)
+    base = "how do i keep my sourdough starter alive while travelling for two weeks"
+    rows = [
+        {
+            "example_id": "e1",
+            "question": base,
+            "chosen": "feed it and refrigerate it well",
+            "rejected": "dry some of it on baking paper first",
+        },
+        {
+            "example_id": "e2",
+            "question": base + "?",
+            "chosen": "ask a neighbour to feed it",
+            "rejected": "freeze a small portion of it",
+        },
+        {
+            "example_id": "e3",
+            "question": "which chess opening suits a beginner best",
+            "chosen": "play the italian game and learn its plans",
+            "rejected": "feed it and refrigerate it well",
+        },
+        {
+            "example_id": "e4",
+            "question": "what running shoes for flat feet",
+            "chosen": "look for stability shoes with firm arch support",
+            "rejected": "try a gait analysis at a running shop",
+        },
+    ]
+    drops = f.apply(rows)
+    assert set(drops) == {"e2", "e3"}
+    assert "e1" in drops["e2"] and "question" in drops["e2"]
+    assert "answer" in drops["e3"]

@@ -1,0 +1,156 @@
+"""Judge and pair stages end to end on the sample input against the stand-in server.
+
+A responder plays a consistent model: generation prompts get answers tagged with their
+side, and judge prompts get verdicts that follow those tags, so the funnel has both
+keeps and drops whose reasons are known in advance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections import Counter
+
+import pytest
+from conftest import write_config
+from standin_server import StandinServer
+
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.orchestrate import run_pipeline
+from pipeline.rundir import RunDir
+
+WORDS = (
+    "practical simple steady weekly small clear useful daily quick gentle focused honest "
+    "careful patient cheap local friendly flexible short regular"
+).split()
+META_QUESTION = "hands"  # examples whose question mentions it get a chosen with meta-text
+
+
+def _user_text(body: dict) -> str:
+    return body["messages"][-1]["content"]
+
+
+def _answers(text: str) -> list[str]:
+    return re.findall(r"<<<\n(.*?)\n>>>", text, re.S)
+
+
+def _side(answer: str) -> str:
+    return "chosen" if answer.startswith("Tailored:") else "rejected"
+
+
+def responder(body: dict, i: int) -> str | None:
+    fmt = body.get("response_format") or {}
+    name = (fmt.get("json_schema") or {}).get("name")
+    text = _user_text(body)
+    if name is None:  # generation
+        q = re.search(r"Question: (.*)", text).group(1)
+        rng = random.Random(hashlib.sha256((text + str(i)).encode()).hexdigest())
+        filler = " ".join(rng.choice(WORDS) for _ in range(30))
+        if "covers every one of these points" in text:
+            meta = " as your rubric asks" if META_QUESTION in q.lower() else ""
+            return f"Tailored: for '{q}' try this {filler}{meta}."
+        return f"General: for '{q}' consider this {filler}."
+    if name == "QualityVerdict":
+        return json.dumps(
+            {
+                f"{d}{s}": (4 if s == "" else "fine")
+                for d in ("correctness", "relevance", "helpfulness")
+                for s in ("_rationale", "")
+            }
+        )
+    if name == "CoverageVerdict":
+        ids = re.findall(r"- id (a[0-9a-f]+):", text)
+        score = 2 if _side(_answers(text)[0]) == "chosen" else 0
+        return json.dumps({"items": [{"id": x, "rationale": "r", "score": score} for x in ids]})
+    if name == "PairwiseVerdict":
+        a, _b = _answers(text)
+        if "expects in an answer" in text:  # rubric-aware
+            winner = "A" if _side(a) == "chosen" else "B"
+        else:
+            winner = "tie"
+        return json.dumps({"rationale": "r", "winner": winner})
+    return None
+
+
+@pytest.fixture
+def smart_server():
+    with StandinServer(responder=responder) as s:
+        yield s
+
+
+def test_judge_and_pairs_funnel(tmp_path, smart_server, capsys):
+    cfg_path = write_config(tmp_path, smart_server, responses={"n": 2})
+    messages: list[str] = []
+    stats = run_pipeline(load_config(cfg_path), progress=False, echo=messages.append)
+    rd = RunDir(tmp_path / "outputs" / "t")
+
+    judged = list(rd.stage("judge").rows())
+    assert len(judged) == 12
+    for j in judged:
+        assert len(j["quality"]) == 8  # n=2 chosen + n=2 for each of 3 strategies
+        assert all(v["parse_ok"] and v["rationale"] for v in j["quality"].values())
+        assert len(j["pairwise"]) == 4  # judge.max_pairs_per_example
+        for p in j["pairwise"]:
+            for kind in ("pairwise_aware", "pairwise_blind"):
+                assert set(p[kind]) == {"AB", "BA"}
+            assert p["pairwise_aware"]["AB"]["prefers"] == "chosen"
+            assert p["pairwise_aware"]["BA"]["prefers"] == "chosen"
+
+    s = stats["pairs"]
+    kept, rejects = list(rd.stage("pairs").rows()), list(rd.stage("pairs").rejects())
+    assert s["kept"] + s["dropped"] == s["examples"] == 12
+    assert len(kept) == s["kept"] and len(rejects) == s["dropped"]
+    assert sum(s["dropped_by_reason"].values()) == s["dropped"]
+    # two sample questions mention hands; their chosen answers talk about the rubric
+    meta = [r for r in rejects if r["reason"] == "meta_text"]
+    assert len(meta) == sum(
+        META_QUESTION in r["question"].lower() for r in rd.stage("ingest").rows()
+    )
+    assert len(meta) >= 1
+    assert all("rubric" in r["detail"] for r in meta)
+    assert s["kept"] == 12 - len(meta)
+    # violate_one rejects lose their kept items in this model: dropped by coverage
+    assert s["pairs_dropped_by_filter"]["coverage"] > 0
+    for r in kept:
+        assert r["chosen"].startswith("Tailored:") and r["rejected"].startswith("General:")
+        assert r["strategy"] in ("avoid_all", "other_user")  # violate_one loses its kept items
+        assert r["judge"]["pairwise"]["pairwise_aware"]["AB"]["prefers"] == "chosen"
+    assert len({r["pair_id"] for r in kept}) == len(kept)
+    assert any("= kept" in m for m in messages)
+
+    # every dropped example is listed with its reason
+    assert main(["inspect", str(rd.path), "--reason", "meta_text"]) == 0
+    out = capsys.readouterr().out
+    assert f"meta_text {len(meta)}" in out
+    assert all(r["example_id"] in out for r in meta)
+    assert main(["inspect", str(rd.path), "--reason", "nonsense"]) == 1
+
+
+def test_pair_thresholds_rerun_without_requests(tmp_path, smart_server):
+    cfg_path = write_config(tmp_path, smart_server)
+    run_pipeline(load_config(cfg_path), progress=False)
+    sent = smart_server.request_count
+    stats = run_pipeline(load_config(cfg_path, ["pairs.quality_floor=5"]), progress=False)
+    assert smart_server.request_count == sent  # new thresholds: no LLM request at all
+    assert set(stats) == {"pairs"}
+    assert stats["pairs"]["kept"] == 0
+    assert stats["pairs"]["dropped_by_reason"]["quality_floor"] > 0
+
+
+def test_judge_unparsable_answers_are_recorded(tmp_path, server):
+    """A plain stand-in answers judge schemas with random ids: coverage never validates,
+    so every pair drops as judge_parse, with the parse error kept."""
+    cfg_path = write_config(
+        tmp_path, server, responses={"n": 1, "strategies": ["avoid_all"]}, backend={"max_reasks": 1}
+    )
+    stats = run_pipeline(load_config(cfg_path), progress=False)
+    assert stats["pairs"]["dropped_by_reason"]["judge_parse"] == 12
+    judged = list(RunDir(tmp_path / "outputs" / "t").stage("judge").rows())
+    cov = [v for j in judged for v in j["coverage"].values()]
+    assert cov and all(not v["parse_ok"] and "expected ids" in v["error"] for v in cov)
+    assert Counter(
+        r["reason"] for r in RunDir(tmp_path / "outputs" / "t").stage("pairs").rejects()
+    ) == {"judge_parse": 12}
