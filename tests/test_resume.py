@@ -96,7 +96,16 @@ def test_sigkill_mid_responses_then_resume(tmp_path, server):
     run_pipeline(load_config(cfg_path), until="rubrics", progress=False)
     server.latency_ms = 0
 
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", str(cfg_path), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "run",
+        str(cfg_path),
+        "--no-progress",
+        "--until",
+        "responses",
+    ]
     cache = tmp_path / "outputs" / "t" / "cache.sqlite"
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -139,7 +148,7 @@ def test_sigkill_mid_responses_then_resume(tmp_path, server):
 
     # an uninterrupted run of the same config elsewhere gives the same ids and texts
     ref_cfg = load_config(cfg_path, ["run.name=reference"])
-    run_pipeline(ref_cfg, progress=False)
+    run_pipeline(ref_cfg, until="responses", progress=False)
     ref = list(RunDir(tmp_path / "outputs" / "reference").stage("responses").rows())
     assert sorted((r["candidate_id"], r["text"]) for r in resumed) == sorted(
         (r["candidate_id"], r["text"]) for r in ref
