@@ -286,6 +286,39 @@ class PairsSection(_Section):
         return v
 
 
+class AnnotationSection(_Section):
+    url: str | None = Field(
+        None,
+        description="An existing Label Studio server; none: the local one `prb annotate serve` "
+        "starts on 127.0.0.1.",
+    )
+    port: int = Field(8089, ge=1, le=65535, description="Port of the local server.")
+    token_env: str = Field(
+        "LABEL_STUDIO_API_KEY",
+        description="Environment variable holding the Label Studio API token.",
+    )
+    server_venv: Path = Field(
+        Path(".labelstudio/venv"),
+        description="Virtual environment holding the label-studio server (created if missing).",
+    )
+    data_dir: Path = Field(
+        Path(".labelstudio/data"),
+        description="LABEL_STUDIO_BASE_DATA_DIR of the local server (its SQLite and media).",
+    )
+    sample_size: int = Field(200, ge=1, description="Pairs sampled per round (gold excluded).")
+    stratify_by: list[Literal["category", "strategy", "confidence"]] = Field(
+        default_factory=lambda: ["category", "strategy", "confidence"],
+        description="Strata the sample is spread over; confidence: the judge margin's tercile.",
+    )
+    gold_tasks: int = Field(
+        10, ge=0, description="Attention-check tasks with a known answer added per round."
+    )
+    batch_size: int = Field(100, ge=1, description="Tasks per import request.")
+    min_votes: int = Field(
+        2, ge=1, description="Annotations a pair needs before it can be verified or refuted."
+    )
+
+
 class Config(_Section):
     run: RunSection = Field(default_factory=RunSection, description="Run identity and seed.")
     input: InputSection = Field(
@@ -301,6 +334,9 @@ class Config(_Section):
     )
     judge: JudgeSection = Field(default_factory=JudgeSection, description="Judge stage.")
     pairs: PairsSection = Field(default_factory=PairsSection, description="Pair stage.")
+    annotation: AnnotationSection = Field(
+        default_factory=AnnotationSection, description="Human verification rounds."
+    )
 
     # Where the config file lives; relative input paths resolve against it.
     _base_dir: Path = Path(".")

@@ -63,6 +63,8 @@ class RunStats:
 
 
 def _reask(req: ChatRequest, bad: str, error: str) -> ChatRequest:
+    """The same request with the invalid answer and the reason appended; it keeps ``n``, so
+    the answer that finally validates has as many choices as the stage asked for."""
     msgs = (*req.messages, ("assistant", bad), ("user", REASK_TEMPLATE.format(error=error)))
     return ChatRequest(
         messages=msgs,
@@ -70,7 +72,7 @@ def _reask(req: ChatRequest, bad: str, error: str) -> ChatRequest:
         temperature=req.temperature,
         top_p=req.top_p,
         max_tokens=req.max_tokens,
-        n=1,
+        n=req.n,
         seed=req.seed,
         json_schema=req.json_schema,
         schema_name=req.schema_name,
@@ -102,16 +104,21 @@ class LLMRunner:
 
     def _check(
         self, req: ChatRequest, result: ChatResult, validate: Validator | None
-    ) -> tuple[list[Any] | None, str | None]:
+    ) -> tuple[list[Any] | None, str | None, str]:
+        """(parsed choices, None, "") when all validate, else (None, error, the bad text)."""
         if validate is None:
-            return None, None
+            return None, None, ""
         parsed = []
         for choice in result.choices:
             try:
                 parsed.append(validate(req, choice.text))
             except ValueError as exc:
-                return None, str(exc)[:300]
-        return parsed, None
+                return None, str(exc)[:300], choice.text
+        return parsed, None, ""
+
+    def _count_failure(self, code: str) -> None:
+        self.stats.failed += 1
+        self.stats.failure_reasons[code] = self.stats.failure_reasons.get(code, 0) + 1
 
     async def stream(
         self, requests: Sequence[ChatRequest], validate: Validator | None = None
@@ -138,15 +145,15 @@ class LLMRunner:
             if hit is None:
                 pending.append((i, req, 0))
                 continue
-            parsed, err = self._check(req, hit, validate)
+            parsed, err, bad = self._check(req, hit, validate)
             if err is None:
                 st.cached += 1
                 bar.update(1)
                 yield i, Answer(hit, parsed, req, cached=True)
             elif self.max_reasks > 0:
-                retry_round.append((i, _reask(req, hit.choices[0].text, err), 1))
+                retry_round.append((i, _reask(req, bad, err), 1))
             else:
-                st.failed += 1
+                self._count_failure("invalid_json")
                 bar.update(1)
                 yield i, Failure(f"invalid_json: {err}")
 
@@ -159,15 +166,15 @@ class LLMRunner:
                 if hit is None:
                     pending.append((i, req, k))
                     continue
-                parsed, err = self._check(requests[i], hit, validate)
+                parsed, err, bad = self._check(requests[i], hit, validate)
                 if err is None:
                     st.cached += 1
                     bar.update(1)
                     yield i, Answer(hit, parsed, req, cached=True, reasks=k)
                 elif k < self.max_reasks:
-                    next_round.append((i, _reask(req, hit.choices[0].text, err), k + 1))
+                    next_round.append((i, _reask(req, bad, err), k + 1))
                 else:
-                    st.failed += 1
+                    self._count_failure("invalid_json")
                     bar.update(1)
                     yield i, Failure(f"invalid_json: {err} (after {k} re-asks)", reasks=k)
             retry_round = next_round
@@ -189,9 +196,7 @@ class LLMRunner:
                 i, req, k = batch[j]
                 if isinstance(res, RequestFailure):
                     consecutive += 1
-                    st.failed += 1
-                    code = _reason_code(res.reason)
-                    st.failure_reasons[code] = st.failure_reasons.get(code, 0) + 1
+                    self._count_failure(_reason_code(res.reason))
                     self.cache.put_error(req, self.stage, res.reason, res.attempts)
                     bar.update(1)
                     bar.set_postfix(failed=st.failed, tokens=st.completion_tokens, refresh=False)
@@ -208,17 +213,15 @@ class LLMRunner:
                 st.prompt_tokens += res.prompt_tokens
                 st.completion_tokens += res.completion_tokens
                 self.cache.put(req, res, self.stage)
-                parsed, err = self._check(requests[i], res, validate)
+                parsed, err, bad = self._check(requests[i], res, validate)
                 if err is not None and k < self.max_reasks:
                     st.reasks += 1
-                    pending.append((i, _reask(req, res.choices[0].text, err), k + 1))
+                    pending.append((i, _reask(req, bad, err), k + 1))
                     continue
                 bar.update(1)
                 bar.set_postfix(failed=st.failed, tokens=st.completion_tokens, refresh=False)
                 if err is not None:
-                    st.failed += 1
-                    code = "invalid_json"
-                    st.failure_reasons[code] = st.failure_reasons.get(code, 0) + 1
+                    self._count_failure("invalid_json")
                     yield i, Failure(f"invalid_json: {err} (after {k} re-asks)", reasks=k)
                 else:
                     yield i, Answer(res, parsed, req, cached=False, reasks=k)

@@ -322,6 +322,22 @@ def test_invalid_json_is_reasked_once(server: StandinServer, tmp_path: Path) -> 
     assert reask["response_format"]["json_schema"]["schema"] == SCHEMA
 
 
+def test_reask_with_several_choices_quotes_the_invalid_one_and_keeps_n(
+    server: StandinServer, tmp_path: Path
+) -> None:
+    # first request: choice 0 valid, choice 1 not JSON; re-asks get generated answers
+    server.responder = lambda body, i: (
+        ('{"aspects": ["a"]}' if i == 0 else "not json") if len(body["messages"]) == 2 else None
+    )
+    with RequestCache(tmp_path / "cache.sqlite") as cache:
+        out, _ = run_runner(
+            backend_cfg(server), cache, [req("rubric", n=2, json_schema=SCHEMA)], validate_aspects
+        )
+    reask = server.requests[1]["body"]
+    assert reask["messages"][-2]["content"] == "not json"
+    assert isinstance(out[0], Answer) and len(out[0].result.choices) == 2
+
+
 def test_invalid_json_every_time_fails_after_max_reasks(
     server: StandinServer, tmp_path: Path
 ) -> None:
