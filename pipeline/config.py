@@ -110,7 +110,9 @@ class BackendSection(_Section):
         "(the server is likely down).",
     )
     replay_cache: Path | None = Field(
-        None, description="replay: cache.sqlite to answer from (default: the run's own)."
+        None,
+        description="replay: a cache.sqlite or its JSONL export to answer from, relative to "
+        "the config file (default: the run's own cache).",
     )
     vllm: VLLMSection = Field(default_factory=VLLMSection, description="vllm backend settings.")
 

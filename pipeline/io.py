@@ -18,6 +18,15 @@ from typing import IO, Any
 import jsonlines
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def _fsync_dir(path: Path) -> None:
     # The rename is durable only once the directory entry is flushed too.
     try:
@@ -38,6 +47,8 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp creates 0600 files; give the result the mode a plain open() would have
+    os.chmod(tmp, 0o666 & ~_UMASK)
     kwargs = {} if "b" in mode else {"encoding": encoding}
     try:
         with os.fdopen(fd, mode, **kwargs) as fh:

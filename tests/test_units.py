@@ -184,3 +184,11 @@ def test_data_dirs_found():
         assert data_dir(name).is_dir()
     assert (data_dir("prompts") / "response_chosen.j2").exists()
     assert isinstance(Path(data_dir("rubrics")), Path)
+
+
+def test_atomic_write_has_the_usual_file_mode(tmp_path):
+    target = tmp_path / "f.json"
+    write_jsonl_atomic(target, [{"a": 1}])
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (target.stat().st_mode & 0o777) == (0o666 & ~mask)

@@ -1,24 +1,61 @@
 """Answers only from an existing request cache, so a run recorded on a GPU machine can be
-filtered, annotated, audited and published anywhere without a model."""
+filtered, annotated, audited and published anywhere without a model.
+
+The cache is a run's ``cache.sqlite`` or a JSONL export of one (one object per line with
+``key`` and ``response``), the form in which the quickstart ships its answers.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import json
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pipeline.backends.base import Backend, ChatRequest, ChatResult, RequestFailure
 from pipeline.cache import RequestCache
+from pipeline.errors import BackendError
+
+
+class _JsonlCache:
+    def __init__(self, path: Path) -> None:
+        self._answers: dict[str, ChatResult] = {}
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    self._answers[row["key"]] = ChatResult.from_dict(row["response"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise BackendError(f"{path}, line {n}: not a cache row ({exc})") from None
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, ChatResult]:
+        return {k: self._answers[k] for k in keys if k in self._answers}
+
+    def close(self) -> None:
+        pass
 
 
 class ReplayBackend(Backend):
     name = "replay"
 
-    def __init__(self, cfg: Any, cache_path: Path | None = None) -> None:
+    def __init__(
+        self, cfg: Any, cache_path: Path | None = None, replay_path: Path | None = None
+    ) -> None:
+        """``replay_path``: ``cfg.replay_cache`` resolved against the config file's folder."""
         self.cfg = cfg
-        source = Path(cfg.replay_cache) if cfg.replay_cache else cache_path
+        if replay_path is None and cfg.replay_cache:
+            replay_path = Path(cfg.replay_cache)
+        source = replay_path or cache_path
         self.source = source
-        self.cache = RequestCache(source, readonly=True) if source and source.exists() else None
+        self.cache: RequestCache | _JsonlCache | None = None
+        if replay_path is not None and not replay_path.exists():
+            raise BackendError(f"replay cache not found: {replay_path}")
+        if source is not None and source.exists():
+            self.cache = (
+                _JsonlCache(source) if source.suffix == ".jsonl" else RequestCache(source, True)
+            )
 
     def missing(self, requests: Sequence[ChatRequest]) -> int:
         """How many of ``requests`` the cache cannot answer (checked before a stage starts)."""

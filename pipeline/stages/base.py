@@ -38,7 +38,7 @@ class Context:
         from pipeline.backends.factory import make_backend
 
         b = self.config.backend
-        backend: Backend = make_backend(b, self.run_dir.cache_path)
+        backend: Backend = make_backend(b, self.run_dir.cache_path, self.config.resolve_input)
         try:
             yield LLMRunner(
                 backend,
