@@ -53,6 +53,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="show each stage of a run: done, partial or not started")
     p.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
     _add_set(p)
+
+    p = sub.add_parser(
+        "publish", help="build the release: parquet per category plus 'all', and a dataset card"
+    )
+    p.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
+    p.add_argument(
+        "--policy",
+        choices=["verified", "filtered"],
+        default="filtered",
+        help="verified: human-verified pairs only; filtered: every kept pair not refuted (default)",
+    )
+    p.add_argument("--out", type=Path, help="release folder (default: <run>/publish)")
+    p.add_argument("--license", default="cc-by-4.0", help="license id for the card")
+    p.add_argument(
+        "--push-to-hub",
+        metavar="REPO",
+        help="also upload to this Hub dataset repo (token from HF_TOKEN; new repos are private)",
+    )
+    _add_set(p)
+
+    p = sub.add_parser(
+        "audit", help="report length bias, similarity, leakage and shortcuts (HTML + JSON)"
+    )
+    p.add_argument(
+        "path",
+        type=Path,
+        help="a release folder, a run directory, or a JSONL / parquet / save_to_disk dataset "
+        "in the reference schema",
+    )
+    p.add_argument("--out", type=Path, help="report folder (default: beside the input)")
     return parser
 
 
@@ -161,6 +191,51 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from pipeline.publish import publish
+
+    cfg = None
+    if args.run.is_file() and args.run.suffix in (".yaml", ".yml"):
+        from pipeline.config import load_config
+
+        cfg = load_config(args.run, args.overrides)
+        run_dir = cfg.run_dir
+    else:
+        run_dir = args.run
+    res = publish(
+        cfg,
+        run_dir,
+        policy=args.policy,
+        out_dir=args.out,
+        push_to_hub=args.push_to_hub,
+        license=args.license,
+    )
+    parts = ", ".join(f"{k} {v}" for k, v in res["configs"].items())
+    print(f"published {res['rows']} pairs (policy {res['policy']}) to {res['out']}: {parts}")
+    if res["excluded"]:
+        print("excluded: " + ", ".join(f"{k} {v}" for k, v in res["excluded"].items()))
+    if res["pushed"]:
+        print(f"uploaded to {res['pushed']}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from pipeline.audit import audit
+
+    res = audit(args.path, args.out)
+    probe = res["shortcut_probe"]
+    length = res["length"]
+    print(f"audited {res['n_pairs']} pairs from {res['source']['path']}")
+    print(f"  chosen longer in {length['share_chosen_longer']:.1%} of pairs")
+    if "auc" in probe:
+        mark = "FLAGGED" if probe["flagged"] else "ok"
+        print(f"  shortcut probe AUC {probe['auc']:.3f} ({mark}, threshold {probe['threshold']})")
+    else:
+        print(f"  shortcut probe skipped: {probe['skipped']}")
+    print(f"report: {res['outputs']['html']}  figures: {res['outputs']['json']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -174,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": cmd_config,
         "status": cmd_status,
         "inspect": cmd_inspect,
+        "publish": cmd_publish,
+        "audit": cmd_audit,
     }
     if args.command not in handlers:
         parser.print_help()

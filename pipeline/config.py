@@ -78,8 +78,27 @@ class VLLMSection(_Section):
     )
 
 
+class RaySection(_Section):
+    address: str | None = Field(
+        None, description="Ray cluster address (ray://host:10001 or auto); none: a local Ray."
+    )
+    engine: Literal["http", "vllm"] = Field(
+        "http",
+        description="http: Ray Data's HTTP processor against backend.base_url; vllm: a vLLM "
+        "engine per replica on the cluster's GPUs.",
+    )
+    replicas: int = Field(
+        1, ge=1, description="Parallel workers (http) or vLLM engine replicas (vllm)."
+    )
+    batch_size: int = Field(64, ge=1, description="Rows per Ray Data batch.")
+    num_cpus: int | None = Field(
+        None, ge=1, description="CPUs for a local Ray (ignored when address is set)."
+    )
+    num_gpus_per_replica: int = Field(1, ge=0, description="vllm: GPUs per engine replica.")
+
+
 class BackendSection(_Section):
-    name: str = Field("openai", description="Backend: openai, vllm or replay.")
+    name: str = Field("openai", description="Backend: openai, vllm, ray or replay.")
     model: str = Field("stand-in", description="Model name sent to the server / loaded by vLLM.")
     base_url: str = Field(
         "http://127.0.0.1:8000/v1", description="openai: base URL of the compatible server."
@@ -115,6 +134,7 @@ class BackendSection(_Section):
         "the config file (default: the run's own cache).",
     )
     vllm: VLLMSection = Field(default_factory=VLLMSection, description="vllm backend settings.")
+    ray: RaySection = Field(default_factory=RaySection, description="ray backend settings.")
 
     @field_validator("name")
     @classmethod

@@ -21,3 +21,9 @@ def content_hash(obj: Any, length: int = 64) -> str:
 def stable_id(*parts: Any, length: int = 16) -> str:
     """A short id derived only from its inputs: the same inputs give the same id on every run."""
     return content_hash(list(parts), length=length)
+
+
+def pair_id(example_id: str, chosen_id: str, rejected_id: str) -> str:
+    """The one id of a chosen/rejected pair, used by the judge, the pair stage, annotation
+    tasks and the release alike."""
+    return stable_id("pair", example_id, chosen_id, rejected_id)

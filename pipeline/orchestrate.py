@@ -18,11 +18,30 @@ from pipeline.rundir import RunDir
 from pipeline.stages import ORDER, STAGES
 from pipeline.stages.base import Context, Stage
 
-_LIBS = ("personalized-rewardbench", "openai", "vllm", "ray", "datasets", "rapidfuzz", "tenacity")
+_LIBS = (
+    "personalized-rewardbench",
+    "openai",
+    "vllm",
+    "ray",
+    "datasets",
+    "pyarrow",
+    "numpy",
+    "huggingface-hub",
+    "rapidfuzz",
+    "tenacity",
+    "rank-bm25",
+    "sentence-transformers",
+    "torch",
+    "label-studio-sdk",
+)
 
 
 def library_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version()}
+    """Python, platform and library versions (from package metadata: nothing is imported)."""
+    out: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
     for lib in _LIBS:
         try:
             out[lib] = metadata.version(lib)
@@ -101,7 +120,10 @@ def run_pipeline(
         rd.config_path,
         "# Resolved config of this run (secrets are never written here).\n" + config.to_yaml(),
     )
-    write_json_atomic(rd.path / "environment.json", library_versions())
+    # environment.json describes the latest invocation; each stage.json keeps the one that
+    # ran that stage, since a run may be generated on a GPU machine and resumed elsewhere.
+    env = library_versions()
+    write_json_atomic(rd.path / "environment.json", env)
 
     ctx = Context(config=config, run_dir=rd, progress=progress)
     results: dict[str, dict[str, Any]] = {}
@@ -127,7 +149,7 @@ def run_pipeline(
                 )
             resuming = sd.path.exists() and bool(sd.shard_ids())
             expected = stage.expected(ctx)
-            sd.begin(fp, settings, expected)
+            sd.begin(fp, settings, expected, environment=env)
             echo(f"[{name}] {'resuming' if resuming else 'running'} ({expected} examples)")
             t0 = time.perf_counter()
             stats = stage.run(ctx, sd)

@@ -41,7 +41,15 @@ class StageDir:
         p = self.path / MARKER
         return read_json(p) if p.exists() else None
 
-    def begin(self, fingerprint: str, settings: dict[str, Any], expected: int) -> None:
+    def begin(
+        self,
+        fingerprint: str,
+        settings: dict[str, Any],
+        expected: int,
+        environment: dict[str, Any] | None = None,
+    ) -> None:
+        """Record what this stage runs with; ``environment`` is the machine and library
+        versions of this invocation (a resumed stage records the one that finished it)."""
         self.path.mkdir(parents=True, exist_ok=True)
         write_json_atomic(
             self.path / META,
@@ -51,6 +59,7 @@ class StageDir:
                 "settings": settings,
                 "expected_examples": expected,
                 "started": time.time(),
+                "environment": environment or {},
             },
         )
         # a rejects file without its data file is a shard cut short: drop it

@@ -119,6 +119,9 @@ def test_judge_and_pairs_funnel(tmp_path, smart_server, capsys):
         assert r["strategy"] in ("avoid_all", "other_user")  # violate_one loses its kept items
         assert r["judge"]["pairwise"]["pairwise_aware"]["AB"]["prefers"] == "chosen"
     assert len({r["pair_id"] for r in kept}) == len(kept)
+    # the judge's shortlist and the pair stage name a pair with the same id
+    judged_ids = {p["pair_id"] for j in judged for p in j["pairwise"]}
+    assert {r["pair_id"] for r in kept} <= judged_ids
     assert any("= kept" in m for m in messages)
 
     # every dropped example is listed with its reason

@@ -6,5 +6,6 @@ BACKENDS = Registry("backend")
 BACKENDS.register("openai", "pipeline.backends.openai_backend:OpenAIBackend")
 BACKENDS.register("vllm", "pipeline.backends.vllm_backend:VLLMBackend")
 BACKENDS.register("replay", "pipeline.backends.replay:ReplayBackend")
+BACKENDS.register("ray", "pipeline.backends.ray_backend:RayBackend")
 
 __all__ = ["BACKENDS"]

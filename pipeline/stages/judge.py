@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.backends.base import ChatRequest
-from pipeline.ids import stable_id
+from pipeline.ids import pair_id
 from pipeline.llm import Answer
 from pipeline.prompts import load_template
 from pipeline.rundir import StageDir
@@ -333,9 +333,10 @@ class JudgeStage(Stage):
                 scored.append((-margin, ch["candidate_id"], rj["candidate_id"], margin))
         scored.sort()
         k = ctx.config.judge.max_pairs_per_example
+        ex_id = cands[0]["example_id"] if cands else ""
         return [
             {
-                "pair_id": stable_id(c_id, r_id),
+                "pair_id": pair_id(ex_id, c_id, r_id),
                 "chosen_id": c_id,
                 "rejected_id": r_id,
                 "pointwise_margin": None if m == float("-inf") else round(m, 4),

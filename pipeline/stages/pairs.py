@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 from pipeline.filters import DIMENSIONS, FILTERS, PairFilter, PairView, word_similarity
-from pipeline.ids import stable_id
+from pipeline.ids import pair_id
 from pipeline.rundir import StageDir
 from pipeline.stages.base import Context, Stage
 from pipeline.stages.ingest import EXAMPLE_FIELDS
@@ -198,7 +198,7 @@ class PairStage(Stage):
     def _pair_row(ex: dict, rub: dict, view: PairView, p: dict, m: float, judged: dict) -> dict:
         ch, rj = view.chosen, view.rejected
         return {
-            "pair_id": stable_id(ex["example_id"], ch["candidate_id"], rj["candidate_id"]),
+            "pair_id": pair_id(ex["example_id"], ch["candidate_id"], rj["candidate_id"]),
             "example_id": ex["example_id"],
             "user_id": ex["user_id"],
             "question": ex["question"],

@@ -1,0 +1,372 @@
+"""publish: a real run's kept pairs become a release that `datasets` loads offline, with
+the reference columns and types, one config per category plus `all`, only the pairs the
+policy allows, no secret, and nothing half-written when it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import write_config
+from standin_server import StandinServer
+from test_judge_pairs import responder
+
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.errors import PipelineError, StageError
+from pipeline.orchestrate import run_pipeline
+from pipeline.publish import DATA_FILE, publish
+from pipeline.rundir import RunDir
+
+REFERENCE = ["id", "question", "profile", "rubric_aspects", "narrative", "category"]
+REFERENCE += ["chosen", "rejected"]
+FAKE_SECRETS = {
+    "OPENAI_API_KEY": "sk-fake-openai-0123456789abcdef",
+    "LABEL_STUDIO_API_KEY": "ls-fake-token-abcdef0123456789",
+    "HF_TOKEN": "hf_fakeTokenForTests0123456789",
+}
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    """A run through the pairs stage against the stand-in server: 10 kept pairs."""
+    tmp = tmp_path_factory.mktemp("run")
+    with StandinServer(responder=responder) as s:
+        stats = run_pipeline(load_config(write_config(tmp, s)), progress=False, echo=lambda m: 0)
+    assert stats["pairs"]["kept"] >= 6
+    return tmp / "outputs" / "t"
+
+
+@pytest.fixture
+def run(base_run, tmp_path) -> Path:
+    """A private copy of the run, so a test may add annotation rounds to it."""
+    dst = tmp_path / "outputs" / "t"
+    shutil.copytree(base_run, dst)
+    return dst
+
+
+def kept_pairs(run: Path) -> list[dict]:
+    return list(RunDir(run).stage("pairs").rows())
+
+
+def write_round(run: Path, name: str, verdicts: list[dict], agreement: dict | None = None):
+    d = run / "annotate" / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "verdicts.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
+    if agreement is not None:
+        (d / "agreement.json").write_text(json.dumps(agreement))
+
+
+def verdict(pair_id: str, status: str, majority: str | None = "chosen", n: int = 3) -> dict:
+    share = 1.0 if status == "verified" else 0.5
+    return {
+        "pair_id": pair_id,
+        "n_votes": n,
+        "majority": majority,
+        "share": share,
+        "status": status,
+    }
+
+
+def load_offline(out: Path, configs: list[str], cache: Path) -> dict:
+    """Load each config in a fresh interpreter with the Hub switched off."""
+    code = f"""
+import json, sys
+from datasets import load_dataset
+res = {{}}
+for name in {configs!r}:
+    ds = load_dataset({str(out)!r}, name, split="test", cache_dir={str(cache)!r})
+    res[name] = {{
+        "rows": len(ds),
+        "columns": ds.column_names,
+        "features": ds.features.to_dict(),
+        "pair_ids": list(ds["pair_id"]),
+        "ids": list(ds["id"]),
+    }}
+print(json.dumps(res))
+"""
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(cache / "home"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_release_loads_offline_with_reference_schema(run, tmp_path):
+    from datasets import Features, List, Value
+
+    res = publish(None, run, policy="filtered")
+    out = run / "publish"
+    assert res["out"] == str(out)
+    pairs = kept_pairs(run)
+    per_cat = Counter(p["category"] for p in pairs)
+    assert res["configs"] == {"all": len(pairs), **per_cat}
+    assert len(per_cat) == 3  # the sample covers the reference's three categories
+
+    loaded = load_offline(out, list(res["configs"]), tmp_path / "hf-cache")
+    s = Value("string")
+    expected = Features(
+        {
+            "id": s,
+            "question": s,
+            "profile": List({"id": s, "category": s, "text": s}),
+            "rubric_aspects": List({"aspect": s, "evidence": s, "reason": s}),
+            "narrative": s,
+            "category": s,
+            "chosen": s,
+            "rejected": s,
+        }
+    )
+    for name, got in loaded.items():
+        feats = Features.from_dict(got["features"])
+        assert got["columns"][:8] == REFERENCE
+        assert Features({k: feats[k] for k in REFERENCE}) == expected
+        assert got["rows"] == (len(pairs) if name == "all" else per_cat[name])
+    assert sorted(loaded["all"]["pair_ids"]) == sorted(p["pair_id"] for p in pairs)
+    # `id` is the source example's own id, one per pair
+    ingest = {e["example_id"]: e for e in RunDir(run).stage("ingest").rows()}
+    assert sorted(loaded["all"]["ids"]) == sorted(
+        ingest[p["example_id"]]["source_id"] for p in pairs
+    )
+
+    # the row carries the example in full and the generator's provenance
+    table = pq.read_table(out / "all" / DATA_FILE).to_pylist()
+    row = next(r for r in table if r["pair_id"] == pairs[0]["pair_id"])
+    ex = ingest[pairs[0]["example_id"]]
+    assert row["profile"] == ex["profile"] and row["narrative"] == ex["narrative"]
+    assert [a["aspect"] for a in row["rubric_aspects"]] == [
+        a["aspect"] for a in ex["rubric_aspects"]
+    ]
+    gen = pairs[0]["provenance"]["generator"]
+    assert row["seeds"] == {"chosen": gen["chosen"]["seed"], "rejected": gen["rejected"]["seed"]}
+    assert row["generator_model"] == "standin-model" and row["judge_model"] == "standin-model"
+    hashes = json.loads(row["template_hashes"])
+    assert hashes["chosen"]["template_hash"] == gen["chosen"]["template_hash"]
+    assert json.loads(row["sampling"])["chosen"]["temperature"] == 0.8
+    assert set(row["violated_item_ids"]) <= set(row["rubric_item_ids"])
+    assert row["quality_chosen"]["correctness"] == 4 and row["coverage_chosen_mean"] == 2.0
+    assert row["human_verdict"] is None and row["human_votes"] == 0
+
+
+def test_card_header_and_contents(run, tmp_path):
+    publish(None, run, policy="filtered", out_dir=tmp_path / "rel", license="cc-by-nc-4.0")
+    card = (tmp_path / "rel" / "README.md").read_text(encoding="utf-8")
+    assert card.startswith("---\n")
+    header = yaml.safe_load(card.split("---\n")[1])
+    assert header["license"] == "cc-by-nc-4.0"
+    assert header["size_categories"] == ["n<1K"] and header["task_categories"]
+    assert header["pretty_name"]
+    configs = {c["config_name"]: c["data_files"][0] for c in header["configs"]}
+    assert set(configs) == {p.name for p in (tmp_path / "rel").iterdir() if p.is_dir()}
+    for files in configs.values():
+        assert files["split"] == "test" and (tmp_path / "rel" / files["path"]).is_file()
+    assert next(c for c in header["configs"] if c.get("default"))["config_name"] == "all"
+
+    body = " ".join(card.split())
+    assert "`rubric_aspects` and `narrative` must never be given to a reward model" in body
+    assert "refuted** are excluded under every policy" in body
+    stats = json.loads((run / "pairs" / "stats.json").read_text())
+    assert f"| examples entering the pair stage | {stats['examples']} |" in card
+    assert f"| dropped by filter `meta_text` | {stats['dropped_by_reason']['meta_text']} |" in card
+    env = json.loads((run / "environment.json").read_text())
+    assert f'"rapidfuzz": "{env["rapidfuzz"]}"' in card
+    assert "standin-model" in card and "What decides the output" in card
+    release = json.loads((tmp_path / "rel" / "release.json").read_text())
+    assert release["license"] == "cc-by-nc-4.0" and release["funnel"]["kept"] == stats["kept"]
+
+
+def test_policies_follow_the_latest_verdict(run, tmp_path):
+    ids = [p["pair_id"] for p in kept_pairs(run)]
+    a, b, c, d = ids[:4]
+    # round-10 comes after round-2 (numeric, not text order) and its verdicts win
+    write_round(
+        run,
+        "round-2",
+        [
+            verdict(a, "verified"),
+            verdict(b, "refuted", "rejected"),
+            verdict(c, "unresolved", None),
+            verdict(d, "verified"),
+            verdict("gold-task-1", "verified"),  # not a kept pair: ignored
+        ],
+        {
+            "items": 5,
+            "annotators": 3,
+            "krippendorff_alpha": 0.613,
+            "raw_agreement": 0.8,
+            "human_vs_judge": {"n": 4, "agreement": 0.75, "kappa": 0.4},
+            "pairwise_kappa": {"alice|bob": {"annotators": ["alice", "bob"], "kappa": 0.5}},
+            "gold_accuracy": {"alice": {"n": 2, "correct": 2, "accuracy": 1.0}},
+            "gold_accuracy_overall": 0.9,
+            "majority": {a: {"label": "chosen", "share": 1.0}},
+            "counts": {"url": "http://127.0.0.1:8089", "project_id": 7},
+        },
+    )
+    write_round(run, "round-10", [verdict(c, "verified"), verdict(d, "refuted", "both_bad")])
+
+    res = publish(None, run, policy="verified", out_dir=tmp_path / "verified")
+    got = {
+        r["pair_id"]: r
+        for r in pq.read_table(tmp_path / "verified" / "all" / DATA_FILE).to_pylist()
+    }
+    assert set(got) == {a, c}
+    assert res["excluded"] == {"refuted": 2, "not_annotated": len(ids) - 4}
+    assert got[c]["human_verdict"] == "verified" and got[c]["human_round"] == 10
+    assert got[a]["human_votes"] == 3 and got[a]["human_agreement"] == 1.0
+    assert sum(res["configs"].values()) == 2 * res["rows"]  # each row in `all` and its category
+
+    res = publish(None, run, policy="filtered", out_dir=tmp_path / "filtered")
+    got = {
+        r["pair_id"]: r
+        for r in pq.read_table(tmp_path / "filtered" / "all" / DATA_FILE).to_pylist()
+    }
+    assert set(got) == set(ids) - {b, d}  # refuted pairs are never published
+    assert res["excluded"] == {"refuted": 2}
+    assert got[ids[4]]["human_verdict"] is None and got[ids[4]]["human_votes"] == 0
+
+    card = (tmp_path / "filtered" / "README.md").read_text(encoding="utf-8")
+    assert "| round-2 | 5 | 3 | 0.613 | 0.800 | 0.750 | 0.900 |" in card
+    assert "| excluded at publish: refuted | 2 |" in card
+    for f in (tmp_path / "filtered").rglob("*"):  # annotator names stay out of the release
+        if f.is_file():
+            data = f.read_bytes()
+            assert b"alice" not in data and b"127.0.0.1:8089" not in data
+
+
+def test_verified_without_verdicts_is_a_clear_error(run, tmp_path, capsys):
+    with pytest.raises(PipelineError, match="no pair passes policy 'verified'"):
+        publish(None, run, policy="verified", out_dir=tmp_path / "rel")
+    assert not (tmp_path / "rel").exists()
+    rc = main(["publish", str(run), "--policy", "verified", "--out", str(tmp_path / "rel")])
+    assert rc == 1 and "no pair passes" in capsys.readouterr().err
+
+
+def test_bad_verdict_row_names_file_and_line(run, tmp_path):
+    pid = kept_pairs(run)[0]["pair_id"]
+    write_round(run, "round-1", [verdict(pid, "verified"), {"pair_id": pid, "status": "maybe"}])
+    with pytest.raises(PipelineError) as err:
+        publish(None, run, out_dir=tmp_path / "rel")
+    assert "verdicts.jsonl" in str(err.value) and "line 2" in str(err.value)
+
+
+def test_no_secret_in_any_file(run, tmp_path, monkeypatch):
+    for name, value in FAKE_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "rel"
+    publish(None, run, out_dir=out)
+    files = [f for f in out.rglob("*") if f.is_file()]
+    assert len(files) >= 6  # README, release.json, all + three categories
+    for f in files:
+        data = f.read_bytes()
+        for value in FAKE_SECRETS.values():
+            assert value.encode() not in data, f"{f} holds a secret"
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if p.name.startswith(".")]
+
+
+def test_secret_in_the_data_stops_the_publish(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", FAKE_SECRETS["OPENAI_API_KEY"])
+    shard = run / "pairs" / "data-00000.jsonl"
+    rows = [json.loads(x) for x in shard.read_text().splitlines()]
+    rows[1]["chosen"] += " key " + FAKE_SECRETS["OPENAI_API_KEY"]
+    shard.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "rel"
+    with pytest.raises(PipelineError, match="OPENAI_API_KEY") as err:
+        publish(None, run, out_dir=out)
+    assert FAKE_SECRETS["OPENAI_API_KEY"] not in str(err.value)  # names it, never shows it
+    assert not out.exists() and _leftovers(tmp_path) == []
+
+
+def test_failure_midway_keeps_the_previous_release(run, tmp_path, monkeypatch):
+    import pipeline.publish as pub
+
+    out = tmp_path / "rel"
+    publish(None, run, out_dir=out)
+    before = {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()}
+
+    def boom(summary):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(pub, "render_card", boom)  # after the parquet files are written
+    with pytest.raises(RuntimeError, match="disk full"):
+        publish(None, run, policy="filtered", out_dir=out, license="mit")
+    after = {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()}
+    assert after == before
+    assert _leftovers(tmp_path) == []
+
+    fresh = tmp_path / "fresh"
+    with pytest.raises(RuntimeError):
+        publish(None, run, out_dir=fresh)
+    assert not fresh.exists() and _leftovers(tmp_path) == []
+
+
+def test_push_without_token_fails_before_anything(run, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    calls = []
+
+    class Recorder:
+        def __init__(self, *a, **k):
+            calls.append(("init", a, k))
+
+        def __getattr__(self, name):
+            calls.append(name)
+            return lambda *a, **k: None
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Recorder)
+    out = tmp_path / "rel"
+    with pytest.raises(PipelineError, match="HF_TOKEN"):
+        publish(None, run, out_dir=out, push_to_hub="someone/prb")
+    assert calls == [] and not out.exists()
+    rc = main(["publish", str(run), "--out", str(out), "--push-to-hub", "someone/prb"])
+    assert rc == 1 and calls == [] and not out.exists()
+
+
+def test_unfinished_pairs_stage_is_refused(run, tmp_path):
+    (run / "pairs" / "_DONE.json").unlink()
+    with pytest.raises(StageError, match="pairs stage has not finished"):
+        publish(None, run, out_dir=tmp_path / "rel")
+    assert not (tmp_path / "rel").exists()
+
+
+def test_cli_publish_from_config_then_audit(run, tmp_path, capsys):
+    cfg = run.parent.parent / "config.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"name": "t", "output_dir": str(run.parent), "seed": 0},
+                "input": {
+                    "format": "lamp",
+                    "path": str(Path(__file__).parent.parent / "examples" / "sample_lamp.jsonl"),
+                },
+            }
+        )
+    )
+    assert main(["publish", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert f"published {len(kept_pairs(run))} pairs (policy filtered)" in out
+    assert (run / "publish" / "all" / DATA_FILE).exists()
+
+    assert main(["audit", str(run)]) == 0  # a run directory: its release, report beside it
+    report = json.loads((run / "report" / "audit.json").read_text())
+    assert report["source"]["format"] == "release"
+    assert report["n_pairs"] == len(kept_pairs(run))
+    assert report["coverage_gap"]["mean_gap"] == 2.0  # the responder's judge: 2 vs 0
+    assert report["leakage"]["share_tie"] == 1.0  # its rubric-blind judge always ties
