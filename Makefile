@@ -23,6 +23,8 @@ test-quick:
 bench:
 	$(PY) benchmarks/backend_throughput.py
 	$(PY) benchmarks/generation.py
+	$(PY) benchmarks/dedup.py
+	$(PY) benchmarks/annotation_roundtrip.py
 
 sample:
 	.venv/bin/prb run configs/sample.yaml --until ingest

@@ -33,6 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _add_set(p)
 
+    p = sub.add_parser(
+        "quickstart",
+        help="run everything on the hand-written sample, offline (replayed answers)",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("outputs"), help="output folder (default outputs)"
+    )
+
     p = sub.add_parser("config", help="inspect configs")
     csub = p.add_subparsers(dest="config_command", metavar="ACTION")
     show = csub.add_parser("show", help="print the resolved config")
@@ -83,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         "in the reference schema",
     )
     p.add_argument("--out", type=Path, help="report folder (default: beside the input)")
+
+    # pipeline.annotate imports only argparse, pathlib and the errors module at this point
+    from pipeline.annotate import add_annotate_parser
+
+    add_annotate_parser(sub)
     return parser
 
 
@@ -101,6 +114,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     run_pipeline(cfg, until=args.until, only=args.only, progress=not args.no_progress)
     print(f"run directory: {cfg.run_dir}")
+    return 0
+
+
+def cmd_annotate(args: argparse.Namespace) -> int:
+    from pipeline.annotate import cmd_annotate as run
+
+    return run(args)
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from pipeline.quickstart import run_quickstart
+
+    res = run_quickstart(args.out)
+    print(f"run directory: {res['run_dir']}")
+    print(f"annotation tasks: {res['annotation']['tasks_file']}")
+    print(f"release: {res['publish']['out']}")
+    print(f"audit report: {res['audit']['outputs']['html']}")
     return 0
 
 
@@ -249,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": cmd_config,
         "status": cmd_status,
         "inspect": cmd_inspect,
+        "quickstart": cmd_quickstart,
+        "annotate": cmd_annotate,
         "publish": cmd_publish,
         "audit": cmd_audit,
     }

@@ -27,6 +27,8 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
         "pipeline/_data/prompts/response_chosen.j2",
         "pipeline/_data/rubrics/rubric.schema.json",
         "pipeline/_data/annotation/README.md",
+        "pipeline/_data/configs/quickstart.yaml",
+        "pipeline/_data/examples/quickstart/cache.jsonl",
         "pipeline/cli.py",
     ):
         assert needed in names
@@ -49,8 +51,8 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
         capture_output=True,
     )
     code = (
-        "import pipeline, pipeline.resources as r; "
-        "print(pipeline.__file__); print(r.data_dir('prompts'))"
+        "import pipeline, pipeline.resources as r, pipeline.quickstart as q; "
+        "print(pipeline.__file__); print(r.data_dir('prompts')); print(q.quickstart_config())"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -62,6 +64,7 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
     ).stdout.splitlines()
     assert out[0].startswith(str(target))
     assert out[1] == str(target / "pipeline" / "_data" / "prompts")
+    assert out[2] == str(target / "pipeline" / "_data" / "configs" / "quickstart.yaml")
 
 
 def test_help_imports_no_engine():

@@ -1,0 +1,131 @@
+"""Human verification rounds: Label Studio tasks out, annotations and agreement back in.
+
+- ``tasks``: sample pairs, build gold tasks and the Label Studio task payloads (no server).
+- ``server``: run a local Label Studio in its own virtualenv (``prb annotate serve``).
+- ``export``: send a round's tasks to a project (``prb annotate export``).
+- ``importer``: pull annotations back, map A/B to chosen/rejected, write verdicts
+  (``prb annotate import``).
+- ``agreement``: alpha, kappa and friends, computed here because the open-source server does
+  not.
+
+Heavy imports (the Label Studio SDK) happen inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+
+
+class LabelStudioError(PipelineError):
+    """Label Studio cannot be used: server down, bad token, missing project or server venv."""
+
+
+# ---- `prb annotate ...` (registered by pipeline/cli.py) -------------------------------------
+
+
+def add_annotate_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``prb annotate {serve,export,import}`` to the CLI's subparsers."""
+    p = sub.add_parser("annotate", help="human verification rounds in Label Studio")
+    asub = p.add_subparsers(dest="annotate_command", metavar="ACTION")
+
+    s = asub.add_parser("serve", help="run a local Label Studio on 127.0.0.1 until Ctrl-C")
+    s.add_argument(
+        "config",
+        nargs="?",
+        type=Path,
+        help="a run config or run directory for the annotation settings (default settings)",
+    )
+    s.add_argument("--port", type=int, help="port (default annotation.port)")
+    _add_set(s)
+
+    e = asub.add_parser(
+        "export", help="send a round's tasks to Label Studio (again: adds only what is missing)"
+    )
+    e.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
+    e.add_argument("--round", dest="round_no", type=int, required=True, help="round number (1..)")
+    e.add_argument(
+        "--file-only", action="store_true", help="only write tasks.json; contact no server"
+    )
+    _add_set(e)
+
+    i = asub.add_parser("import", help="pull a round's annotations: verdicts and agreement")
+    i.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
+    i.add_argument("--round", dest="round_no", type=int, required=True, help="round number (1..)")
+    _add_set(i)
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a config field (repeatable), e.g. --set annotation.sample_size=100",
+    )
+
+
+def load_annotate_config(target: Path | None, overrides: list[str]) -> tuple[Any, Path | None]:
+    """(config, run directory) from a run config file, a run directory (its run.yaml), or
+    nothing (defaults)."""
+    from pipeline.config import Config, apply_overrides, load_config
+
+    if target is None:
+        cfg = Config.model_validate(apply_overrides({}, overrides))
+        return cfg, None
+    target = Path(target)
+    if target.is_file():
+        cfg = load_config(target, overrides)
+        return cfg, cfg.run_dir
+    if (target / "run.yaml").is_file():
+        return load_config(target / "run.yaml", overrides), target
+    if target.is_dir():
+        raise LabelStudioError(f"{target}: no run.yaml here; pass the run's config file instead")
+    raise LabelStudioError(f"{target}: no such run directory or config file")
+
+
+def cmd_annotate(args: argparse.Namespace) -> int:
+    """Handler for ``prb annotate ...``; returns the exit code."""
+    action = getattr(args, "annotate_command", None)
+    if action not in ("serve", "export", "import"):
+        print("usage: prb annotate {serve [CONFIG] | export RUN --round N | import RUN --round N}")
+        return 2
+    if action == "serve":
+        from pipeline.annotate.server import serve
+
+        cfg, _ = load_annotate_config(args.config, args.overrides)
+        return serve(cfg, port=args.port)
+    cfg, run_dir = load_annotate_config(args.run, args.overrides)
+    if action == "export":
+        from pipeline.annotate.export import export_round
+
+        s = export_round(cfg, run_dir, args.round_no, file_only=args.file_only)
+        print(
+            f"round {s['round']}: {s['tasks']} tasks ({s['pairs']} pairs + {s['gold']} gold; "
+            f"{s['excluded_from_earlier_rounds']} pairs left out as sent in earlier rounds)"
+        )
+        if s["file_only"]:
+            print(f"wrote {s['tasks_file']} (import it by hand in Label Studio)")
+        else:
+            print(
+                f"project {s['project_id']} '{s['title']}' at {s['url']}: sent {s['sent']}, "
+                f"already there {s['already_there']}"
+            )
+        return 0
+    from pipeline.annotate.importer import import_round
+
+    s = import_round(cfg, run_dir, args.round_no)
+    alpha = s["krippendorff_alpha"]
+    print(
+        f"round {s['round']}: {s['tasks']} tasks, {s['annotated_tasks']} annotated, "
+        f"{s['votes']} votes from {s['annotators']} annotators "
+        f"({s['cancelled']} skipped, {s['superseded']} superseded)\n"
+        f"verified {s['verified']}, refuted {s['refuted']}, unresolved {s['unresolved']}; "
+        f"{s['adjudication']} to adjudicate; alpha "
+        + (f"{alpha:.3f}" if alpha is not None else "n/a")
+    )
+    return 0

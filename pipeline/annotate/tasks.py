@@ -1,0 +1,378 @@
+"""A verification round's tasks, built from a run's kept pairs without any server.
+
+A round samples ``annotation.sample_size`` kept pairs, spread over strata (category,
+rejected strategy, judge confidence) in proportion to their size, skipping pairs sent in
+earlier rounds, and adds ``annotation.gold_tasks`` attention checks with a known answer.
+Every choice is derived from hashes of the round's seed (``run.seed + round``) and the
+pair ids, so the same run and round give the same tasks in any order of input rows, and
+a re-export recognises what it already sent.
+
+Each task shows the pair's answers as A and B; which side is A is drawn per task from
+the seed and recorded in the task (``a_side``: "chosen" or "rejected"), so annotations
+map back to chosen/rejected without trusting the display order.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import StageError
+from pipeline.ids import stable_id
+from pipeline.io import read_json
+from pipeline.profile import select_profile
+from pipeline.resources import data_dir
+from pipeline.rundir import RunDir
+
+LABEL_CONFIG_FILE = "labeling_config.xml"
+PROFILE_POSTS = 3  # posts shown to the annotator: enough for a sense of the user, quick to read
+POST_CHARS = 280
+CONFIDENCE_LEVELS = ("low", "mid", "high")
+# The labeling config's choice values -> labels after mapping A/B back to the pair's sides.
+CHOICES = ("A", "B", "tie", "both bad")
+FLAGS = {"general quality differs": "general_quality_differs", "rubric unclear": "rubric_unclear"}
+# Control names in annotation/labeling_config.xml.
+CHOICE_CONTROL = "choice"
+FLAGS_CONTROL = "flags"
+CONFIDENCE_CONTROL = "confidence"
+COMMENT_CONTROL = "comment"
+
+
+def label_config() -> str:
+    """The Label Studio labeling config (annotation/labeling_config.xml)."""
+    return (data_dir("annotation") / LABEL_CONFIG_FILE).read_text(encoding="utf-8")
+
+
+def round_dir(run_dir: str | Path, round_no: int) -> Path:
+    return Path(run_dir) / "annotate" / f"round-{round_no}"
+
+
+def project_title(run_dir: str | Path, round_no: int) -> str:
+    """The round's project title; the export finds an existing project by it."""
+    return f"prb {Path(run_dir).resolve().name} round {round_no}"
+
+
+def round_seed(base_seed: int, round_no: int) -> int:
+    return base_seed + round_no
+
+
+def task_key(pair_id: str, gold: bool = False) -> str:
+    """Stable identity of a task within a round: the pair id, or ``gold:<pair_id>``."""
+    return f"gold:{pair_id}" if gold else pair_id
+
+
+def _rank(seed: int, *parts: Any) -> str:
+    # A hash instead of random.shuffle: each item's place depends only on the seed and
+    # its own id, never on how many other rows there are or in which order they came.
+    return stable_id(seed, *parts)
+
+
+def a_side_for(key: str, seed: int) -> str:
+    """Which of the pair's answers is shown as A for this task: "chosen" or "rejected"."""
+    return "chosen" if int(_rank(seed, "ab", key)[:8], 16) % 2 == 0 else "rejected"
+
+
+def map_choice(choice: str, a_side: str) -> str:
+    """A/B/tie/both bad as clicked -> chosen/rejected/tie/both_bad for the pair."""
+    c = choice.strip().lower()
+    if c in ("a", "b"):
+        if a_side not in ("chosen", "rejected"):
+            raise ValueError(f"a_side must be 'chosen' or 'rejected', got {a_side!r}")
+        other = "rejected" if a_side == "chosen" else "chosen"
+        return a_side if c == "a" else other
+    if c == "tie":
+        return "tie"
+    if c.replace("_", " ") == "both bad":
+        return "both_bad"
+    raise ValueError(f"unknown choice {choice!r} (expected one of {', '.join(CHOICES)})")
+
+
+# ---- the run's data ------------------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    pairs: list[dict]
+    examples: dict[str, dict]
+    rubrics: dict[str, dict]
+
+    @property
+    def by_pair(self) -> dict[str, dict]:
+        return {p["pair_id"]: p for p in self.pairs}
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Kept pairs with the examples and rubrics they came from."""
+    rd = RunDir(run_dir)
+    pairs_stage = rd.stage("pairs")
+    if not pairs_stage.shard_ids():
+        raise StageError(f"{pairs_stage.path}: no kept pairs; run the pipeline up to 'pairs' first")
+    if not pairs_stage.done:
+        # a sample drawn from a stage still being written would change once it finishes
+        raise StageError(f"{pairs_stage.path}: the pairs stage has not finished; resume the run")
+    pairs = list(pairs_stage.rows())
+    needed = {p["example_id"] for p in pairs}
+    examples = {e["example_id"]: e for e in rd.stage("ingest").rows() if e["example_id"] in needed}
+    rubrics = {r["example_id"]: r for r in rd.stage("rubrics").rows() if r["example_id"] in needed}
+    missing = sorted(needed - examples.keys()) or sorted(needed - rubrics.keys())
+    if missing:
+        what = "ingest" if needed - examples.keys() else "rubrics"
+        raise StageError(
+            f"{Path(run_dir) / what}: no row for example {missing[0]} "
+            f"({len(missing)} missing); the run directory is inconsistent"
+        )
+    return RunData(pairs=pairs, examples=examples, rubrics=rubrics)
+
+
+def sent_pair_ids(run_dir: str | Path, round_no: int) -> set[str]:
+    """Pair ids shown as real (non-gold) tasks in rounds before ``round_no``."""
+    base = Path(run_dir) / "annotate"
+    sent: set[str] = set()
+    if not base.is_dir():
+        return sent
+    for d in base.glob("round-*"):
+        try:
+            n = int(d.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        f = d / "tasks.json"
+        if n < round_no and f.exists():
+            sent.update(t["data"]["pair_id"] for t in read_json(f) if not t["data"].get("gold"))
+    return sent
+
+
+# ---- sampling ------------------------------------------------------------------------------
+
+
+def confidence_levels(pairs: Sequence[dict]) -> dict[str, str]:
+    """Tercile of the judge margin per pair: "low", "mid" or "high".
+
+    Rank-based (ties broken by pair id) so the three groups are equal in size even when
+    many pairs share a margin, and computed over all kept pairs so a pair keeps its level
+    from round to round.
+    """
+    order = sorted(pairs, key=lambda p: (float(p.get("margin") or 0.0), p["pair_id"]))
+    n = len(order)
+    return {p["pair_id"]: CONFIDENCE_LEVELS[min(3 * i // n, 2)] for i, p in enumerate(order)}
+
+
+def stratum(pair: dict, keys: Sequence[str], levels: dict[str, str]) -> tuple[str, ...]:
+    out = []
+    for k in keys:
+        if k == "confidence":
+            out.append(f"confidence={levels[pair['pair_id']]}")
+        else:
+            out.append(f"{k}={pair.get(k)}")
+    return tuple(out)
+
+
+def allocate(sizes: dict[tuple, int], n: int, seed: int) -> dict[tuple, int]:
+    """Proportional allocation of ``n`` over strata (largest remainder, seeded tie-break)."""
+    total = sum(sizes.values())
+    n = min(n, total)
+    if total == 0:
+        return {k: 0 for k in sizes}
+    exact = {k: n * s / total for k, s in sizes.items()}
+    quota = {k: int(v) for k, v in exact.items()}
+    left = n - sum(quota.values())
+    by_remainder = sorted(sizes, key=lambda k: (-(exact[k] - quota[k]), _rank(seed, "alloc", k)))
+    for k in by_remainder[:left]:
+        quota[k] += 1
+    return quota
+
+
+@dataclass
+class Sample:
+    pairs: list[dict]
+    strata: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def stratified_sample(
+    pairs: Sequence[dict],
+    n: int,
+    keys: Sequence[str],
+    seed: int,
+    *,
+    exclude: Iterable[str] = (),
+    levels: dict[str, str] | None = None,
+) -> Sample:
+    """``n`` pairs spread over the strata in proportion to their size; deterministic."""
+    levels = levels if levels is not None else confidence_levels(pairs)
+    skip = set(exclude)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    population: Counter = Counter()
+    for p in pairs:
+        s = stratum(p, keys, levels)
+        population[s] += 1
+        if p["pair_id"] not in skip:
+            groups[s].append(p)
+    quota = allocate({s: len(g) for s, g in groups.items()}, n, seed)
+    chosen: list[dict] = []
+    strata: dict[str, dict[str, int]] = {}
+    for s in sorted(population):
+        g = sorted(groups.get(s, []), key=lambda p: _rank(seed, "sample", p["pair_id"]))
+        take = g[: quota.get(s, 0)]
+        chosen.extend(take)
+        strata["|".join(s) or "all"] = {
+            "population": population[s],
+            "eligible": len(g),
+            "sampled": len(take),
+        }
+    chosen.sort(key=lambda p: p["pair_id"])
+    return Sample(pairs=chosen, strata=strata)
+
+
+def pick_gold(
+    pairs: Sequence[dict], n: int, seed: int, *, avoid: Iterable[str] = ()
+) -> list[tuple[dict, dict]]:
+    """``n`` (base pair, distractor pair) couples for attention checks.
+
+    The distractor answers an unrelated question from another category (another example
+    when the run has one category only); bases avoid the round's sample and earlier
+    rounds' pairs while enough others exist.
+    """
+    if n <= 0 or len(pairs) < 2:
+        return []
+    avoid = set(avoid)
+    ranked = sorted(pairs, key=lambda p: _rank(seed, "gold", p["pair_id"]))
+    bases = [p for p in ranked if p["pair_id"] not in avoid]
+    bases += [p for p in ranked if p["pair_id"] in avoid]
+    out = []
+    for base in bases[:n]:
+        others = [q for q in pairs if q.get("category") != base.get("category")]
+        if not others:
+            others = [
+                q
+                for q in pairs
+                if q["example_id"] != base["example_id"] and q["question"] != base["question"]
+            ]
+        if not others:
+            continue
+        distractor = min(
+            others, key=lambda q, b=base: _rank(seed, "decoy", b["pair_id"], q["pair_id"])
+        )
+        out.append((base, distractor))
+    return out
+
+
+# ---- what the annotator sees ---------------------------------------------------------------
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def profile_view(example: dict, k: int = PROFILE_POSTS, chars: int = POST_CHARS) -> str:
+    """The user's ``k`` posts most relevant to the question (BM25), shortened."""
+    posts = [p for p in example.get("profile") or [] if str(p.get("text", "")).strip()]
+    if not posts:
+        return "(no past posts)"
+    top = select_profile(example["question"], posts, k)
+    return "\n".join(f"- {_clip(p['text'], chars)}" for p in top)
+
+
+def rubric_view(rubric: dict) -> str:
+    items = rubric.get("items") or []
+    if not items:
+        return "(no rubric items)"
+    return "\n".join(f"{i}. {it['aspect']}" for i, it in enumerate(items, 1))
+
+
+def make_task(
+    pair: dict,
+    example: dict,
+    rubric: dict,
+    *,
+    round_no: int,
+    seed: int,
+    distractor: dict | None = None,
+) -> dict[str, Any]:
+    """One Label Studio task (``{"data": {...}}``) for a pair, or a gold task when
+    ``distractor`` is given (its chosen answer plays the rejected side)."""
+    gold = distractor is not None
+    key = task_key(pair["pair_id"], gold)
+    side = a_side_for(key, seed)
+    chosen = pair["chosen"]
+    rejected = distractor["chosen"] if gold else pair["rejected"]
+    a, b = (chosen, rejected) if side == "chosen" else (rejected, chosen)
+    data: dict[str, Any] = {
+        "task_key": key,
+        "pair_id": pair["pair_id"],
+        "round": round_no,
+        "gold": gold,
+        "a_side": side,
+        "question": pair["question"],
+        "profile": profile_view(example),
+        "rubric": rubric_view(rubric),
+        "answer_a": a,
+        "answer_b": b,
+    }
+    if gold:
+        # the on-topic answer is the pair's chosen one: the right click is its letter
+        data["expected"] = "A" if side == "chosen" else "B"
+        data["distractor_pair_id"] = distractor["pair_id"]
+    return {"data": data}
+
+
+# ---- a whole round -------------------------------------------------------------------------
+
+
+@dataclass
+class RoundPlan:
+    round_no: int
+    seed: int
+    tasks: list[dict]
+    strata: dict[str, dict[str, int]]
+    excluded: int
+    n_pairs: int
+    n_gold: int
+
+    def keys(self) -> list[str]:
+        return [t["data"]["task_key"] for t in self.tasks]
+
+
+def build_round(
+    run_dir: str | Path,
+    round_no: int,
+    *,
+    sample_size: int,
+    stratify_by: Sequence[str],
+    gold_tasks: int,
+    base_seed: int,
+    data: RunData | None = None,
+) -> RoundPlan:
+    """Sample, add gold tasks, randomise A/B; tasks come in a seeded order that mixes gold in."""
+    if round_no < 1:
+        raise ValueError(f"round numbers start at 1, got {round_no}")
+    data = data or load_run(run_dir)
+    seed = round_seed(base_seed, round_no)
+    levels = confidence_levels(data.pairs)
+    earlier = sent_pair_ids(run_dir, round_no)
+    sample = stratified_sample(
+        data.pairs, sample_size, stratify_by, seed, exclude=earlier, levels=levels
+    )
+    picked = {p["pair_id"] for p in sample.pairs}
+    gold = pick_gold(data.pairs, gold_tasks, seed, avoid=earlier | picked)
+
+    tasks = []
+    for p in sample.pairs:
+        ex, rub = data.examples[p["example_id"]], data.rubrics[p["example_id"]]
+        tasks.append(make_task(p, ex, rub, round_no=round_no, seed=seed))
+    for base, decoy in gold:
+        ex, rub = data.examples[base["example_id"]], data.rubrics[base["example_id"]]
+        tasks.append(make_task(base, ex, rub, round_no=round_no, seed=seed, distractor=decoy))
+    # Label Studio serves tasks in import order: a seeded order keeps gold from bunching.
+    tasks.sort(key=lambda t: _rank(seed, "order", t["data"]["task_key"]))
+    return RoundPlan(
+        round_no=round_no,
+        seed=seed,
+        tasks=tasks,
+        strata=sample.strata,
+        excluded=len(earlier),
+        n_pairs=len(sample.pairs),
+        n_gold=len(gold),
+    )
