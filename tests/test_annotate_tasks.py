@@ -305,6 +305,12 @@ def test_file_only_export_writes_importable_tasks_and_is_stable(run, tmp_path):
     keys = [t["data"]["task_key"] for t in tasks]
     assert len(set(keys)) == len(keys)
     assert all(set(t) == {"data"} for t in tasks)  # Label Studio's import format
+    # what annotators can see holds no answer key; it stays in the local sides.json
+    assert not any("a_side" in t["data"] or "expected" in t["data"] for t in tasks)
+    sides = json.loads((run_dir / "annotate" / "round-1" / "sides.json").read_text())
+    assert set(sides) == set(keys)
+    assert all(v["a_side"] in ("chosen", "rejected") for v in sides.values())
+    assert sum("expected" in v for v in sides.values()) == 5  # the gold tasks' answers
     info = json.loads((run_dir / "annotate" / "round-1" / "export.json").read_text())
     assert info["status"] == "file_only" and info["project_id"] is None
     assert info["seed"] == 7 + 1

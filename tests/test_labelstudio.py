@@ -95,6 +95,12 @@ def _config(tmp_path: Path, server: LabelStudioServer, **annotation):
     return synth.make_config(tmp_path, url=server.url, **annotation)
 
 
+def _sides(run_dir: Path, round_no: int = 1) -> dict[str, str]:
+    """task_key -> a_side, from the round's private sides.json (never sent to the server)."""
+    path = run_dir / "annotate" / f"round-{round_no}" / "sides.json"
+    return {k: v["a_side"] for k, v in json.loads(path.read_text()).items()}
+
+
 def _tasks_by_key(client, project_id: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for t in client.tasks.list(project=project_id, fields="task_only", page_size=500):
@@ -167,10 +173,15 @@ def test_export_200_tasks_then_again_adds_nothing(tmp_path, ls_server, client):
     local = json.loads((run_dir / "annotate" / "round-1" / "tasks.json").read_text())
     assert set(on_server) == {t["data"]["task_key"] for t in local}
     assert sum(1 for k in on_server if k.startswith("gold:")) == 10
-    # the recorded side travelled with each task
+    # the pair id travels with each task; the answer key (which side is A) does not
+    sides = _sides(run_dir)
+    assert set(sides) == set(on_server)
+    assert set(sides.values()) == {"chosen", "rejected"}
     for t in local:
-        assert on_server[t["data"]["task_key"]].data["a_side"] == t["data"]["a_side"]
-        assert on_server[t["data"]["task_key"]].data["pair_id"] == t["data"]["pair_id"]
+        server_data = on_server[t["data"]["task_key"]].data
+        assert server_data["pair_id"] == t["data"]["pair_id"]
+        assert "a_side" not in server_data and "expected" not in server_data
+        assert "a_side" not in t["data"] and "expected" not in t["data"]
 
     second = export_round(cfg, run_dir, 1, client=client)
     assert second["sent"] == 0 and second["already_there"] == 200
@@ -231,13 +242,14 @@ def test_import_keeps_every_vote_and_counts_right(tmp_path, ls_server, client, a
     cfg = _config(tmp_path, ls_server, sample_size=20, gold_tasks=2)
     exp = export_round(cfg, run_dir, 1, client=client)
     tasks = _tasks_by_key(client, exp["project_id"])
+    sides = _sides(run_dir)
     pair_keys = sorted(k for k in tasks if not k.startswith("gold:"))
     u1, u2, u3 = annotators["ann1"], annotators["ann2"], annotators["ann3"]
 
     def annotate(key, user, label, **kw):
         t = tasks[key]
         return client.annotations.create(
-            id=t.id, result=_result(_letter(label, t.data["a_side"]), **kw), completed_by=user
+            id=t.id, result=_result(_letter(label, sides[key]), **kw), completed_by=user
         )
 
     k0, k1, k2, k3, k4 = pair_keys[:5]
@@ -248,8 +260,7 @@ def test_import_keeps_every_vote_and_counts_right(tmp_path, ls_server, client, a
     annotate(k1, u1, "chosen")
     annotate(k1, u2, "chosen")
     edited = annotate(k1, u3, "rejected")
-    t1 = tasks[k1]
-    client.annotations.update(id=edited.id, result=_result(_letter("chosen", t1.data["a_side"])))
+    client.annotations.update(id=edited.id, result=_result(_letter("chosen", sides[k1])))
     # k2: one vote and one skip (cancelled annotations are not votes)
     annotate(k2, u1, "both_bad")
     client.annotations.create(id=tasks[k2].id, result=[], was_cancelled=True, completed_by=u2)
@@ -291,7 +302,7 @@ def test_import_keeps_every_vote_and_counts_right(tmp_path, ls_server, client, a
     assert r0["ann1@prb.test"]["confidence"] == 5
     assert r0["ann1@prb.test"]["comment"] == "clear"
     assert r0["ann1@prb.test"]["annotator_id"] == u1
-    assert r0["ann1@prb.test"]["choice"] == _letter("chosen", tasks[k0].data["a_side"])
+    assert r0["ann1@prb.test"]["choice"] == _letter("chosen", sides[k0])
     skip = next(r for r in rows if r["task_key"] == k2 and r["was_cancelled"])
     assert skip["label"] is None and skip["annotator"] == "ann2@prb.test"
     assert all(r["updated_at"] for r in rows)
@@ -332,6 +343,7 @@ def test_agreement_matches_hand_computed_values(tmp_path, ls_server, client, ann
     cfg = _config(tmp_path, ls_server, sample_size=4, gold_tasks=1, stratify_by=["category"])
     exp = export_round(cfg, run_dir, 1, client=client)
     tasks = _tasks_by_key(client, exp["project_id"])
+    sides = _sides(run_dir)
     pair_keys = sorted(k for k in tasks if not k.startswith("gold:"))
     assert len(pair_keys) == 4
     aware = [p["judge"]["pairwise"]["pairwise_aware"] for p in pairs]
@@ -357,7 +369,7 @@ def test_agreement_matches_hand_computed_values(tmp_path, ls_server, client, ann
                 continue
             client.annotations.create(
                 id=t.id,
-                result=_result(_letter(label, t.data["a_side"])),
+                result=_result(_letter(label, sides[key])),
                 completed_by=annotators[name],
             )
 

@@ -27,7 +27,9 @@ from pipeline.annotate.tasks import (
     build_round,
     label_config,
     project_title,
+    public_task,
     round_dir,
+    sides_of,
 )
 from pipeline.config import Config
 from pipeline.io import read_json, write_json_atomic
@@ -228,7 +230,10 @@ def export_round(
             client = connect(config)
         else:
             check_connection(client, client_url(client), config.annotation.token_env)
-    write_json_atomic(tasks_path, plan.tasks)
+    # the answer key (which side is A) stays local; what annotators can see goes out
+    write_json_atomic(out / "sides.json", sides_of(plan.tasks))
+    public = [public_task(t) for t in plan.tasks]
+    write_json_atomic(tasks_path, public)
     if file_only:
         summary.update(project_id=None, url=None, sent=0, already_there=0, status="file_only")
         write_json_atomic(out / "export.json", summary | {"time": time.time()})
@@ -245,7 +250,7 @@ def export_round(
     )
     existing = existing_task_keys(client, project.id)
     wanted = set(plan.keys())
-    missing = [t for t in plan.tasks if t["data"]["task_key"] not in existing]
+    missing = [t for t in public if t["data"]["task_key"] not in existing]
     summary.update(
         url=url,
         project_id=project.id,

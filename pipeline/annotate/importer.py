@@ -98,11 +98,11 @@ def vote_rows(
     """One row per annotator of ``task`` (their latest annotation), A/B mapped back."""
     data = task.get("data") or {}
     key = data["task_key"]
-    side = data.get("a_side") or local_side.get(key)
+    side = local_side.get(key) or data.get("a_side")
     kept, superseded = latest_per_annotator(task.get("annotations") or [], users)
     if kept and side not in ("chosen", "rejected"):
         raise LabelStudioError(
-            f"task {task.get('id')} ({key}) records no a_side (and tasks.json has none): "
+            f"task {task.get('id')} ({key}) has no recorded A side (sides.json lacks it): "
             "cannot map A/B back to chosen/rejected"
         )
     rows = []
@@ -167,10 +167,18 @@ def verdict(votes: list[str], min_votes: int) -> dict[str, Any]:
     return {"majority": label, "share": round(share, 4), "status": status}
 
 
-def _local_sides(path: Path) -> dict[str, str]:
-    if not path.exists():
-        return {}
-    return {t["data"]["task_key"]: t["data"]["a_side"] for t in read_json(path)}
+def _local_sides(out: Path) -> dict[str, str]:
+    """task_key -> a_side from the round's private sides.json (tasks.json of rounds exported
+    before the answer key was kept out of the tasks)."""
+    if (out / "sides.json").exists():
+        return {k: v["a_side"] for k, v in read_json(out / "sides.json").items()}
+    if (out / "tasks.json").exists():
+        return {
+            t["data"]["task_key"]: t["data"]["a_side"]
+            for t in read_json(out / "tasks.json")
+            if "a_side" in t["data"]
+        }
+    return {}
 
 
 def _project_id(client: Any, run_dir: Path, round_no: int) -> int:
@@ -209,7 +217,7 @@ def import_round(
     project_id = _project_id(client, run_dir, round_no)
     users = {u.id: u.email for u in client.users.list()}
     tasks = download_tasks(client, project_id)
-    local_side = _local_sides(out / "tasks.json")
+    local_side = _local_sides(out)
     pairs = {p["pair_id"]: p for p in RunDir(run_dir).stage("pairs").rows()}
     min_votes = config.annotation.min_votes
 

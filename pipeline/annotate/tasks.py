@@ -282,6 +282,24 @@ def rubric_view(rubric: dict) -> str:
     return "\n".join(f"{i}. {it['aspect']}" for i, it in enumerate(items, 1))
 
 
+# Fields that give the answer away: they stay in the local sides.json and never reach the
+# server or tasks.json, since Label Studio's task table shows every data field to annotators.
+PRIVATE_FIELDS = ("a_side", "expected")
+
+
+def public_task(task: dict[str, Any]) -> dict[str, Any]:
+    """The task as annotators may see it: without the A/B side or a gold task's answer."""
+    return {**task, "data": {k: v for k, v in task["data"].items() if k not in PRIVATE_FIELDS}}
+
+
+def sides_of(tasks: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """task_key -> the private fields (a_side, and expected for gold tasks)."""
+    return {
+        t["data"]["task_key"]: {k: t["data"][k] for k in PRIVATE_FIELDS if k in t["data"]}
+        for t in tasks
+    }
+
+
 def make_task(
     pair: dict,
     example: dict,
