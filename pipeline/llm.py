@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
 from tqdm.auto import tqdm
 
 from pipeline.backends.base import Backend, ChatRequest, ChatResult, RequestFailure
@@ -60,6 +61,26 @@ class RunStats:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def json_validator(
+    model: type[BaseModel], check: Callable[[ChatRequest, Any], None] | None = None
+) -> Validator:
+    """A validator that parses an answer into ``model`` and runs ``check`` on the result;
+    the error names the first failing field, so a re-ask can tell the model what to fix."""
+
+    def validate(req: ChatRequest, text: str) -> Any:
+        try:
+            parsed = model.model_validate_json(text)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "answer"
+            raise ValueError(f"{where}: {first['msg']}") from None
+        if check is not None:
+            check(req, parsed)
+        return parsed
+
+    return validate
 
 
 def _reask(req: ChatRequest, bad: str, error: str) -> ChatRequest:

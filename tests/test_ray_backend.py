@@ -26,7 +26,7 @@ from conftest import write_config
 
 from pipeline.backends.base import ChatRequest, ChatResult, RequestFailure
 from pipeline.backends.factory import make_backend
-from pipeline.backends.ray_backend import RayBackend, chat_body, init_local_ray, vllm_rows
+from pipeline.backends.ray_backend import RayBackend, init_local_ray, vllm_rows
 from pipeline.cache import RequestCache
 from pipeline.config import BackendSection, load_config
 from pipeline.errors import BackendError
@@ -181,7 +181,7 @@ def test_faults_are_per_request_with_reasons(server, local_ray, tmp_path):
     for rec in server.requests:
         bodies.setdefault(rec["body"]["messages"][0]["content"], rec["body"])
     for i, req in enumerate(requests):
-        assert bodies[f"question {i}"] == chat_body(req)
+        assert bodies[f"question {i}"] == req.openai_body()
     attempts = Counter(rec["body"]["messages"][0]["content"] for rec in server.requests)
     assert attempts["question 1"] == 3 and attempts["question 2"] == 3
     assert attempts["question 4"] == 1 and attempts["question 7"] == 2
@@ -461,6 +461,20 @@ def test_vllm_engine_gpus_must_match_parallelism(monkeypatch):
     )
     with pytest.raises(BackendError, match="num_gpus_per_replica"):
         RayBackend(cfg)
+
+
+def test_vllm_engine_without_vllm_names_the_gpu_extra(monkeypatch):
+    llm = _FakeRayLLM()
+
+    def no_vllm(config, **kw):
+        raise ModuleNotFoundError("No module named 'transformers'")
+
+    llm.build_processor = no_vllm
+    monkeypatch.setitem(sys.modules, "ray", _fake_ray(llm))
+    monkeypatch.setitem(sys.modules, "ray.data.llm", llm)
+    cfg = BackendSection(name="ray", ray={"address": "auto", "engine": "vllm"})
+    with pytest.raises(BackendError, match=r"personalized-rewardbench\[ray-gpu\]"):
+        RayBackend(cfg).build_processor()
 
 
 # -- (d) ray missing ---------------------------------------------------------------------------

@@ -40,6 +40,25 @@ class ChatRequest:
             "schema_name": self.schema_name if self.json_schema else None,
         }
 
+    def openai_body(self) -> dict[str, Any]:
+        """The OpenAI chat-completions request body (the openai and ray backends send it)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self.message_dicts(),
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "n": self.n,
+        }
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.json_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": self.schema_name, "schema": self.json_schema},
+            }
+        return body
+
     @property
     def key(self) -> str:
         # Cached on the instance: hashing the prompt is the main per-request CPU cost.

@@ -126,26 +126,8 @@ class OpenAIBackend(Backend):
             reraise=True,
         )
 
-    def _kwargs(self, req: ChatRequest) -> dict[str, Any]:
-        kw: dict[str, Any] = {
-            "model": req.model,
-            "messages": req.message_dicts(),
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "max_tokens": req.max_tokens,
-            "n": req.n,
-        }
-        if req.seed is not None:
-            kw["seed"] = req.seed
-        if req.json_schema is not None:
-            kw["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": req.schema_name, "schema": req.json_schema},
-            }
-        return kw
-
     async def _once(self, req: ChatRequest) -> ChatResult:
-        resp = await self.client.chat.completions.create(**self._kwargs(req))
+        resp = await self.client.chat.completions.create(**req.openai_body())
         if not resp.choices or any(c.message.content is None for c in resp.choices):
             raise _EmptyAnswer("the server returned no content")
         usage = resp.usage

@@ -48,6 +48,7 @@ from pipeline.backends.base import Backend, ChatRequest, ChatResult, Choice, Req
 from pipeline.errors import BackendError
 
 INSTALL_HINT = "pip install 'personalized-rewardbench[ray]'"
+GPU_INSTALL_HINT = "pip install 'personalized-rewardbench[ray-gpu]'"  # ray[llm] pins its vLLM
 # The HTTP workers wait on the network: a whole CPU each would cap replicas at the CPU count
 # for nothing. The preprocessing asks for the same share so Ray fuses it into the worker
 # (measured here: 17 batches/s of 8 rows fused, 4 as separate tasks); the postprocessing
@@ -111,29 +112,9 @@ def init_local_ray(num_cpus: int | None = None) -> bool:
 
 
 # -- rows for the HTTP processor ---------------------------------------------------------------
-def chat_body(req: ChatRequest) -> dict[str, Any]:
-    """The OpenAI chat-completions body, the same fields the openai backend sends."""
-    body: dict[str, Any] = {
-        "model": req.model,
-        "messages": req.message_dicts(),
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "max_tokens": req.max_tokens,
-        "n": req.n,
-    }
-    if req.seed is not None:
-        body["seed"] = req.seed
-    if req.json_schema is not None:
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": req.schema_name, "schema": req.json_schema},
-        }
-    return body
-
-
 def http_rows(requests: Sequence[ChatRequest]) -> list[dict[str, Any]]:
     """One row per request: its index and its body as a JSON string (see the module doc)."""
-    return [{"index": i, "body": json.dumps(chat_body(r))} for i, r in enumerate(requests)]
+    return [{"index": i, "body": json.dumps(r.openai_body())} for i, r in enumerate(requests)]
 
 
 def _http_preprocess(row: dict[str, Any]) -> dict[str, Any]:
@@ -407,9 +388,15 @@ class RayBackend(Backend):
             # a failed row comes back with __inference_error__ instead of failing the dataset
             should_continue_on_error=True,
         )
-        return llm.build_processor(
-            config, postprocess=_vllm_postprocess, postprocess_map_kwargs=post
-        )
+        try:
+            return llm.build_processor(
+                config, postprocess=_vllm_postprocess, postprocess_map_kwargs=post
+            )
+        except ImportError as exc:  # Ray imports transformers and vLLM only at this point
+            raise BackendError(
+                f"ray.engine vllm needs vLLM and transformers where the run starts ({exc}); "
+                f"install the extra: {GPU_INSTALL_HINT}"
+            ) from None
 
     def _dataset(self, rows: list[dict[str, Any]]) -> Any:
         # One block per batch, so each batch is its own task and its rows come back as soon

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.backends.base import ChatRequest
 from pipeline.ids import pair_id
-from pipeline.llm import Answer
+from pipeline.llm import Answer, json_validator
 from pipeline.prompts import load_template
 from pipeline.rundir import StageDir
 from pipeline.stages.base import Context, Stage
@@ -57,21 +56,6 @@ class CoverageVerdict(_Strict):
 class PairwiseVerdict(_Strict):
     rationale: str
     winner: Literal["A", "B", "tie"]
-
-
-def _parser(model: type[BaseModel], check: Callable[[ChatRequest, Any], None] | None = None):
-    def validate(req: ChatRequest, text: str) -> Any:
-        try:
-            parsed = model.model_validate_json(text)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "answer"
-            raise ValueError(f"{where}: {first['msg']}") from None
-        if check is not None:
-            check(req, parsed)
-        return parsed
-
-    return validate
 
 
 def pointwise_margin(
@@ -178,8 +162,8 @@ class JudgeStage(Stage):
         coverage: dict[str, dict] = {}
         pending: set[str] = set()
         validators = {
-            "quality": _parser(QualityVerdict),
-            "coverage": _parser(CoverageVerdict, check_ids),
+            "quality": json_validator(QualityVerdict),
+            "coverage": json_validator(CoverageVerdict, check_ids),
         }
 
         def validate(req: ChatRequest, text: str) -> Any:
@@ -244,7 +228,7 @@ class JudgeStage(Stage):
             if outstanding[ex_id] == 0:
                 flush_ready(ex_id)
         async with ctx.llm(self.name) as runner:
-            async for i, outcome in runner.stream(preqs, _parser(PairwiseVerdict)):
+            async for i, outcome in runner.stream(preqs, json_validator(PairwiseVerdict)):
                 ex_id, pi, kind, order_name = pmeta[i]
                 verdicts = pairs[ex_id][pi].setdefault(kind, {})
                 if isinstance(outcome, Answer):

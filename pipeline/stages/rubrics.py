@@ -6,11 +6,12 @@ import asyncio
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from rapidfuzz import fuzz
 
 from pipeline.backends.base import ChatRequest
 from pipeline.ids import content_hash, stable_id
+from pipeline.llm import json_validator
 from pipeline.profile import select_profile
 from pipeline.prompts import load_template
 from pipeline.resources import data_dir
@@ -203,15 +204,7 @@ class RubricStage(Stage):
                 )
             )
 
-        def validate(_req: ChatRequest, text: str) -> _Rubric:
-            try:
-                parsed = _Rubric.model_validate_json(text)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"]) or "answer"
-                raise ValueError(f"{where}: {first['msg']}") from None
-            return parsed
-
+        validate = json_validator(_Rubric)
         rows, rejects = [], []
         pending = 0
         async with ctx.llm(self.name) as runner:
