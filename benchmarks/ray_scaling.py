@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 import sqlite3
 import statistics
 import subprocess
@@ -196,6 +198,24 @@ def fit(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def batch_bound(latency_ms: float, sigma: float, batch_size: int, trials: int = 4000) -> dict:
+    """What one worker can do if it waits for each batch's slowest request (Ray's HTTP stage
+    returns a batch only when all its requests are back): batch_size / E[max latency]."""
+    rng = random.Random(0)
+    draws = (
+        max(latency_ms * math.exp(sigma * rng.gauss(0.0, 1.0)) for _ in range(batch_size))
+        for _ in range(trials)
+    )
+    expected_max_ms = statistics.fmean(draws)
+    return {
+        "model": "one batch at a time per worker: r = batch_size / E[max latency of a batch]",
+        "expected_batch_max_latency_ms": round(expected_max_ms, 1),
+        "requests_per_s_per_worker": round(batch_size / (expected_max_ms / 1000.0), 1),
+        "note": "a pool that keeps batch_size requests in flight all the time (the openai "
+        "backend) is bounded by Little's law instead: see latency_model",
+    }
+
+
 def projection(by_workers: dict[str, Any], ceiling: float | None) -> dict[str, Any]:
     """``T(N) = S + W / min(N r e, C)``, with this machine's stand-in inputs as an example."""
     one, two = by_workers.get("1"), by_workers.get("2")
@@ -322,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
             "local_ray_num_cpus": args.num_cpus,
         },
         "latency_model": lognormal_model(args.latency_ms, args.sigma, args.batch_size),
+        "batch_model": batch_bound(args.latency_ms, args.sigma, args.batch_size),
         "server": "tests/standin_server.py in a separate process, restarted for every "
         f"measurement with latency seed {LATENCY_SEED}",
         "measured": {
@@ -349,6 +370,8 @@ def main(argv: list[str] | None = None) -> None:
             f"steady {f['steady_requests_per_s']} req/s (fit over sizes: "
             f"{f['fit_requests_per_s']} req/s)"
         )
+    bound = result["batch_model"]["requests_per_s_per_worker"]
+    print(f"one batch at a time, waiting for its slowest request: {bound} req/s per worker")
     print(f"driver ceiling (zero latency): {ceiling} req/s")
     proj = result["projection"]
     print(f"{proj['label']}: {proj['model']}")

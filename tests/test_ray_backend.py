@@ -252,6 +252,7 @@ def _kill_session(proc: subprocess.Popen) -> None:
 
 
 @needs_ray
+@pytest.mark.slow
 def test_sigkill_then_resume_repeats_no_finished_request(tmp_path, server):
     cfg_path = write_config(
         tmp_path,

@@ -227,7 +227,10 @@ class ReplySession:
         fields = {"status": 0, "text": "", "error": "", "attempts": attempt}
         try:
             async with self._session.post(url, headers=headers, data=body) as resp:
-                fields["status"], fields["text"] = resp.status, await resp.text()
+                # bytes, decoded leniently: a body that is not UTF-8 is a bad answer, not an
+                # exception that would fail the whole batch
+                raw = await resp.read()
+                fields["status"], fields["text"] = resp.status, raw.decode("utf-8", "replace")
         except (asyncio.TimeoutError, self._aiohttp.ClientError) as exc:
             fields["error"] = f"{type(exc).__name__}: {exc}"[:500]
             return _Reply(200 if last else _RETRY_STATUS, fields)
