@@ -189,6 +189,41 @@ class RequestCache:
                 (key, kind, dumps(value).decode("utf-8"), time.time()),
             )
 
+    def get_derived_many(self, keys: Iterable[str]) -> dict[str, Any]:
+        """The stored values of those keys that have one, in batched lookups."""
+        keys = list(dict.fromkeys(keys))
+        found: dict[str, Any] = {}
+        with self._guard("read"):
+            for i in range(0, len(keys), _LOOKUP_CHUNK):
+                chunk = keys[i : i + _LOOKUP_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for k, value in self._db.execute(
+                    f"SELECT key, value FROM derived WHERE key IN ({marks})", chunk
+                ):
+                    found[k] = loads(value)
+        return found
+
+    def put_derived_many(self, items: Sequence[tuple[str, str, Any]]) -> None:
+        """Store ``(key, kind, value)`` results in one transaction."""
+        if not items:
+            return
+        now = time.time()
+        rows = [(k, kind, dumps(v).decode("utf-8"), now) for k, kind, v in items]
+        with self._guard("write"):
+            crash_point("before derived commit")
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO derived(key, kind, value, created) VALUES (?,?,?,?)",
+                    rows,
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                raise
+            crash_point("after derived commit")
+
     # ---- failures ------------------------------------------------------------------
     def put_error(self, request: ChatRequest, stage: str, reason: str, attempts: int) -> None:
         self.put_errors([(request, stage, reason, attempts)])

@@ -120,6 +120,14 @@ def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":"), default=str).encode("ascii")
 
 
+def dumps_sorted(obj: Any) -> bytes:
+    """:func:`dumps` with sorted keys: equal content gives equal bytes (for hashing)."""
+    try:
+        return orjson.dumps(obj, default=str, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":"), sort_keys=True, default=str).encode("ascii")
+
+
 def loads(data: bytes | str) -> Any:
     """Parse JSON; orjson rejects escaped lone surrogates, which json reads."""
     try:

@@ -173,6 +173,17 @@ class LLMRunner:
         self._pushed: deque[Job] = deque()
 
     # ---- public ------------------------------------------------------------------------
+    def replayed(self, requests: int, reasks: int = 0, expected: int = 0) -> None:
+        """Count the requests of a unit of work whose result the stage took whole from the
+        cache (a finished row stored under the hash of its inputs) as cached answers;
+        ``expected`` is what the progress total already counted for it."""
+        self.stats.requests += requests
+        self.stats.cached += requests
+        self.stats.reasks += reasks
+        if self.progress is not None:
+            self.progress.add_total(requests - expected)
+            self.progress.update(requests, cached=True)
+
     def push(self, job: Job) -> None:
         """Add a follow-up job; it is admitted before the rest of the input."""
         self._pushed.append(job)

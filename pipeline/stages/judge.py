@@ -7,6 +7,12 @@ the responses shards; once they are answered, its shortlist's pairwise requests 
 ahead of the remaining input, and its row is written when the last verdict is in. Memory
 holds the examples in flight, not the stage.
 
+A finished example's row is also kept in the cache's ``derived`` table under a hash of
+everything it was computed from (the stage's settings, the example's question, rubric items
+and candidate rows): a re-run over the same inputs, whose answers are all cached, takes the
+row from there instead of rebuilding, looking up and re-validating each of its requests.
+Only rows whose every verdict parsed are kept there, so a failure is always asked again.
+
 Every verdict answers a closed JSON schema (pipeline/schemas.py): scores and winners first
 as bounded integers and enums, coverage keyed by the rubric's own item ids, rationales
 with a maxLength that fits the request's max_tokens.
@@ -15,6 +21,8 @@ with a maxLength that fits the request's max_tokens.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +30,9 @@ from typing import Any
 from pipeline import schemas
 from pipeline.backends.base import ChatRequest
 from pipeline.fields import DIMENSIONS
-from pipeline.ids import pair_id
-from pipeline.llm import Answer, Failure, Job
+from pipeline.ids import content_hash, pair_id
+from pipeline.io import dumps_sorted
+from pipeline.llm import Answer, Failure, Job, LLMRunner
 from pipeline.prompts import load_template
 from pipeline.rundir import StageDir
 from pipeline.stages.base import Context, Stage
@@ -45,6 +54,9 @@ SCHEMA_NAMES = {
 }
 JUDGE_FIELDS = {"example_id", "quality", "coverage", "pairwise"}
 ORDERS = ("AB", "BA")
+# the kind of the judge's finished rows in the cache's derived table; bump the version
+# when a row's layout changes
+MEMO_KIND = "judge_row/1"
 
 
 def pointwise_margin(
@@ -79,6 +91,10 @@ class _Open:
     pairs: list[dict] = field(default_factory=list)
     outstanding: int = 0
     pending: bool = False
+    memo_key: str = ""
+    requests: int = 0  # jobs of this example (pointwise and pairwise)
+    reasks: int = 0
+    failed: bool = False  # a verdict stayed invalid: the row is written, never memoized
 
 
 class JudgeStage(Stage):
@@ -109,6 +125,29 @@ class JudgeStage(Stage):
     @staticmethod
     def model(ctx: Context) -> str:
         return ctx.config.judge.model or ctx.config.backend.model
+
+    def memo_salt(self, ctx: Context) -> str:
+        """What a finished row depends on besides its example's inputs: the stage's
+        settings and the runner settings that decide when an invalid verdict is final."""
+        b = ctx.config.backend
+        return content_hash(
+            {
+                "kind": MEMO_KIND,
+                "settings": self.settings(ctx),
+                "max_reasks": b.max_reasks,
+                "invalid_retry_runs": b.invalid_retry_runs,
+            }
+        )
+
+    @staticmethod
+    def memo_key(
+        salt: str, questions: dict[str, str], items: dict[str, list], cands: list[dict]
+    ) -> str:
+        """The hash of everything one example's row is computed from."""
+        ex_id = cands[0]["example_id"]
+        h = hashlib.sha256(salt.encode())
+        h.update(dumps_sorted([ex_id, questions[ex_id], items[ex_id], cands]))
+        return h.hexdigest()
 
     def expected(self, ctx: Context) -> int:
         return len({r["example_id"] for r in self.input_rows(ctx, "responses")})
@@ -190,6 +229,7 @@ class JudgeStage(Stage):
         }
         open_examples: dict[str, _Open] = {}
         n_examples = self.expected(ctx) - len(done)
+        salt = self.memo_salt(ctx)
 
         def grouped() -> Iterator[list[dict]]:
             """Candidates of one example at a time (a shard holds an example's rows
@@ -203,32 +243,73 @@ class JudgeStage(Stage):
             if current:
                 yield current
 
-        def jobs() -> Iterator[Job]:
-            for cands in grouped():
-                ex_id = cands[0]["example_id"]
-                if ex_id in done:
-                    continue
-                st = _Open(ex_id, questions[ex_id], items[ex_id], cands, outstanding=2 * len(cands))
-                open_examples[ex_id] = st
-                yield from self._pointwise_jobs(ctx, st)
-
         buffer: list[dict] = []
+        memo_new: list[tuple[str, str, Any]] = []
+        memo_hits = 0
         pending = 0
         chunk = c.responses.chunk_size
         # progress: the pointwise requests (two per candidate) are known from the config;
         # the pairwise ones are counted as they are pushed
         per_example = 2 * c.responses.n * (1 + len(c.responses.strategies))
+
+        def flush() -> None:
+            nonlocal buffer, memo_new
+            if buffer:
+                out.write_shard(buffer)  # the rows first: a memo never precedes its row
+                buffer = []
+            if memo_new:
+                ctx.cache.put_derived_many(memo_new)
+                memo_new = []
+
+        def emit(row: dict[str, Any]) -> None:
+            buffer.append(row)
+            if len(buffer) >= chunk:
+                flush()
+
+        def jobs(runner: LLMRunner) -> Iterator[Job]:
+            nonlocal memo_hits
+            block: list[list[dict]] = []
+            for cands in itertools.chain(grouped(), [None]):
+                if cands is not None:
+                    if cands[0]["example_id"] not in done:
+                        block.append(cands)
+                    if len(block) < runner.lookup_batch // 2:
+                        continue
+                keys = [self.memo_key(salt, questions, items, cs) for cs in block]
+                memos = ctx.cache.get_derived_many(keys)
+                for cs, mkey in zip(block, keys, strict=True):
+                    ex_id = cs[0]["example_id"]
+                    memo = memos.get(mkey)
+                    if memo is not None:
+                        runner.replayed(memo["requests"], memo["reasks"], expected=per_example)
+                        memo_hits += 1
+                        emit(memo["row"])
+                        continue
+                    st = _Open(
+                        ex_id, questions[ex_id], items[ex_id], cs,
+                        outstanding=2 * len(cs), memo_key=mkey, requests=2 * len(cs),
+                    )  # fmt: skip
+                    open_examples[ex_id] = st
+                    yield from self._pointwise_jobs(ctx, st)
+                block = []
+
         try:
             async with ctx.llm(self.name) as runner:
                 async for (ex_id, kind, key), outcome in runner.run(
-                    jobs(), total=n_examples * per_example
+                    jobs(runner), total=n_examples * per_example
                 ):
                     st = open_examples[ex_id]
-                    if isinstance(outcome, Failure) and not outcome.final:
-                        st.pending = True  # retried on the next run
-                    elif kind == "pair":
-                        self._record_pairwise(st, key, outcome)
+                    if isinstance(outcome, Failure):
+                        if outcome.final:
+                            st.failed = True
+                        else:
+                            st.pending = True  # retried on the next run
                     else:
+                        st.reasks += outcome.reasks
+                    if kind == "pair":
+                        if not st.pending:
+                            self._record_pairwise(st, key, outcome)
+                    elif not st.pending:
                         target = st.quality if kind == "quality" else st.coverage
                         target[key] = self._pointwise_row(kind, outcome)
                     st.outstanding -= 1
@@ -240,6 +321,7 @@ class JudgeStage(Stage):
                         follow = self._pairwise_jobs(ctx, st)
                         if follow:
                             st.outstanding = len(follow)
+                            st.requests += len(follow)
                             for job in follow:
                                 runner.push(job)
                             continue
@@ -247,14 +329,14 @@ class JudgeStage(Stage):
                     if st.pending:
                         pending += 1
                         continue
-                    buffer.append(self._row(ctx, st))
-                    if len(buffer) >= chunk:
-                        out.write_shard(buffer)
-                        buffer = []
+                    row = self._row(ctx, st)
+                    if not st.failed:
+                        memo = {"row": row, "requests": st.requests, "reasks": st.reasks}
+                        memo_new.append((st.memo_key, MEMO_KIND, memo))
+                    emit(row)
                 llm_stats = runner.stats.as_dict()
         finally:
-            if buffer:  # finished examples are kept, also when the stage stops early
-                out.write_shard(buffer)
+            flush()  # finished examples are kept, also when the stage stops early
 
         examples = candidates = pairs_judged = parse_failures = 0
         for r in out.rows():
@@ -271,6 +353,7 @@ class JudgeStage(Stage):
             "parse_failures": parse_failures,
             "resumed_examples": len(done),
             "pending_examples": pending,
+            "rows_from_cache": memo_hits,
             "llm": llm_stats,
         }
 

@@ -14,6 +14,7 @@ prefer the chosen, minus a quarter point per unit of the largest quality gap.
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,7 +104,8 @@ class PairStage(Stage):
                 "user_id": e["user_id"],
                 "question": e["question"],
                 "category": e.get("category"),
-                "profile": "\n".join(p.get("text", "") for p in e.get("profile") or [])
+                # interned: the examples of one user mostly share one profile text
+                "profile": sys.intern("\n".join(p.get("text", "") for p in e.get("profile") or []))
                 if want_profile
                 else None,
             }
