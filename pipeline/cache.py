@@ -122,22 +122,39 @@ class RequestCache:
                 path=self.path,
             )
 
+    def _by_keys(self, sql: str, keys: Iterable[str]) -> list[tuple[Any, ...]]:
+        """Rows of ``sql`` (a query with ``{marks}`` in its ``key IN (...)``) for the
+        distinct keys, in chunks below SQLite's limit of bound parameters."""
+        keys = list(dict.fromkeys(keys))
+        out: list[tuple[Any, ...]] = []
+        with self._guard("read"):
+            for i in range(0, len(keys), _LOOKUP_CHUNK):
+                chunk = keys[i : i + _LOOKUP_CHUNK]
+                out.extend(self._db.execute(sql.format(marks=",".join("?" * len(chunk))), chunk))
+        return out
+
+    def _commit(self, sql: str, rows: Sequence[tuple[Any, ...]], label: str) -> None:
+        """``executemany`` in one transaction, durable (against a killed process) on return;
+        failpoints before and after it."""
+        with self._guard("write"):
+            crash_point(f"before {label}")
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(sql, rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+                raise
+            crash_point(f"after {label}")
+
     # ---- answers -------------------------------------------------------------------
     def get(self, key: str) -> ChatResult | None:
         return self.get_many([key]).get(key)
 
     def get_many(self, keys: Iterable[str]) -> dict[str, ChatResult]:
-        keys = list(dict.fromkeys(keys))
-        found: dict[str, ChatResult] = {}
-        with self._guard("read"):
-            for i in range(0, len(keys), _LOOKUP_CHUNK):
-                chunk = keys[i : i + _LOOKUP_CHUNK]
-                marks = ",".join("?" * len(chunk))
-                for k, resp in self._db.execute(
-                    f"SELECT key, response FROM responses WHERE key IN ({marks})", chunk
-                ):
-                    found[k] = ChatResult.from_dict(loads(resp))
-        return found
+        rows = self._by_keys("SELECT key, response FROM responses WHERE key IN ({marks})", keys)
+        return {k: ChatResult.from_dict(loads(resp)) for k, resp in rows}
 
     def put(self, request: ChatRequest, result: ChatResult, stage: str) -> None:
         self.put_many([(request, result, stage)])
@@ -157,21 +174,12 @@ class RequestCache:
             )
             for req, res, stage in items
         ]
-        with self._guard("write"):
-            crash_point("before cache commit")
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(
-                    "INSERT OR IGNORE INTO responses(key, stage, request, response, created) "
-                    "VALUES (?,?,?,?,?)",
-                    rows,
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    self._db.execute("ROLLBACK")
-                raise
-            crash_point("after cache commit")
+        self._commit(
+            "INSERT OR IGNORE INTO responses(key, stage, request, response, created) "
+            "VALUES (?,?,?,?,?)",
+            rows,
+            "cache commit",
+        )
 
     # ---- derived results -------------------------------------------------------------
     # Deterministic computations too costly to repeat on every re-run (the donor search
@@ -191,17 +199,8 @@ class RequestCache:
 
     def get_derived_many(self, keys: Iterable[str]) -> dict[str, Any]:
         """The stored values of those keys that have one, in batched lookups."""
-        keys = list(dict.fromkeys(keys))
-        found: dict[str, Any] = {}
-        with self._guard("read"):
-            for i in range(0, len(keys), _LOOKUP_CHUNK):
-                chunk = keys[i : i + _LOOKUP_CHUNK]
-                marks = ",".join("?" * len(chunk))
-                for k, value in self._db.execute(
-                    f"SELECT key, value FROM derived WHERE key IN ({marks})", chunk
-                ):
-                    found[k] = loads(value)
-        return found
+        rows = self._by_keys("SELECT key, value FROM derived WHERE key IN ({marks})", keys)
+        return {k: loads(value) for k, value in rows}
 
     def put_derived_many(self, items: Sequence[tuple[str, str, Any]]) -> None:
         """Store ``(key, kind, value)`` results in one transaction."""
@@ -209,20 +208,11 @@ class RequestCache:
             return
         now = time.time()
         rows = [(k, kind, dumps(v).decode("utf-8"), now) for k, kind, v in items]
-        with self._guard("write"):
-            crash_point("before derived commit")
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO derived(key, kind, value, created) VALUES (?,?,?,?)",
-                    rows,
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    self._db.execute("ROLLBACK")
-                raise
-            crash_point("after derived commit")
+        self._commit(
+            "INSERT OR REPLACE INTO derived(key, kind, value, created) VALUES (?,?,?,?)",
+            rows,
+            "derived commit",
+        )
 
     # ---- failures ------------------------------------------------------------------
     def put_error(self, request: ChatRequest, stage: str, reason: str, attempts: int) -> None:
@@ -242,19 +232,11 @@ class RequestCache:
 
     def invalid_failures(self, keys: Iterable[str]) -> dict[str, int]:
         """How many earlier runs recorded each key's answer as invalid after re-asks."""
-        keys = list(dict.fromkeys(keys))
-        out: dict[str, int] = {}
-        with self._guard("read"):
-            for i in range(0, len(keys), _LOOKUP_CHUNK):
-                chunk = keys[i : i + _LOOKUP_CHUNK]
-                marks = ",".join("?" * len(chunk))
-                for k, n in self._db.execute(
-                    f"SELECT key, COUNT(*) FROM errors WHERE key IN ({marks}) "
-                    f"AND reason LIKE '{INVALID_PREFIX}%' GROUP BY key",
-                    chunk,
-                ):
-                    out[k] = n
-        return out
+        sql = (
+            "SELECT key, COUNT(*) FROM errors WHERE key IN ({marks}) "
+            f"AND reason LIKE '{INVALID_PREFIX}%' GROUP BY key"
+        )
+        return dict(self._by_keys(sql, keys))
 
     # ---- summaries -----------------------------------------------------------------
     def count(self, stage: str | None = None) -> int:

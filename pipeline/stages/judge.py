@@ -306,10 +306,11 @@ class JudgeStage(Stage):
                             st.pending = True  # retried on the next run
                     else:
                         st.reasks += outcome.reasks
-                    if kind == "pair":
-                        if not st.pending:
-                            self._record_pairwise(st, key, outcome)
-                    elif not st.pending:
+                    if st.pending:
+                        pass  # nothing of it is written this run
+                    elif kind == "pair":
+                        self._record_pairwise(st, key, outcome)
+                    else:
                         target = st.quality if kind == "quality" else st.coverage
                         target[key] = self._pointwise_row(kind, outcome)
                     st.outstanding -= 1
