@@ -54,9 +54,9 @@ from backend_throughput import (  # noqa: E402
     run_metadata,
 )
 
-from pipeline.backends.base import ChatRequest  # noqa: E402
 from pipeline.backends.openai_backend import OpenAIBackend  # noqa: E402
 from pipeline.cache import RequestCache  # noqa: E402
+from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.config import Config, load_config  # noqa: E402
 from pipeline.llm import Answer, LLMRunner  # noqa: E402
 from pipeline.orchestrate import run_pipeline  # noqa: E402

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.backends.base import ChatRequest, ChatResult
+from pipeline.chat import ChatRequest, ChatResult
 from pipeline.errors import CacheError
 from pipeline.io import crash_point, dumps, loads
 

@@ -31,8 +31,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from pipeline.backends.base import Backend, ChatRequest, ChatResult, RequestFailure, RequestFeed
+from pipeline.backends.base import Backend, RequestFeed
 from pipeline.cache import INVALID_PREFIX, RequestCache
+from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError, StageError
 from pipeline.progress import Progress
 

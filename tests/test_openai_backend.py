@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from standin_server import StandinServer
 
-from pipeline.backends.base import ChatRequest, ChatResult, RequestFailure
 from pipeline.backends.openai_backend import OpenAIBackend
 from pipeline.backends.replay import ReplayBackend
 from pipeline.cache import RequestCache
+from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import BackendSection
 from pipeline.errors import BackendError, StageError
 from pipeline.llm import REASK_TEMPLATE, Answer, Failure, LLMRunner

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from conftest import write_config
 
-from pipeline.backends.base import ChatRequest, ChatResult, RequestFailure
 from pipeline.backends.factory import make_backend
 from pipeline.backends.ray_backend import RayBackend, init_local_ray, vllm_rows
 from pipeline.cache import RequestCache
+from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import BackendSection, load_config
 from pipeline.errors import BackendError
 from pipeline.llm import Answer, Failure, LLMRunner

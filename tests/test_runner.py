@@ -13,15 +13,9 @@ from typing import Any
 import pytest
 
 from pipeline import schemas
-from pipeline.backends.base import (
-    Backend,
-    ChatRequest,
-    ChatResult,
-    Choice,
-    RequestFailure,
-    RequestFeed,
-)
+from pipeline.backends.base import Backend, RequestFeed
 from pipeline.cache import RequestCache
+from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
 from pipeline.llm import Answer, Failure, Job, LLMRunner
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.backends.base import ChatRequest, ChatResult, Choice
 from pipeline.cache import RequestCache
+from pipeline.chat import ChatRequest, ChatResult, Choice
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.ids import content_hash, stable_id
 from pipeline.io import atomic_open, read_jsonl, write_jsonl_atomic

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.backends.base import ChatRequest, ChatResult, RequestFailure
 from pipeline.cache import RequestCache
+from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import BackendSection
 from pipeline.errors import BackendError
 from pipeline.llm import Answer, LLMRunner

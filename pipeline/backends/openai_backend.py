@@ -27,14 +27,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from pipeline.backends.base import (
-    Backend,
-    ChatRequest,
-    ChatResult,
-    Choice,
-    RequestFailure,
-    RequestFeed,
-)
+from pipeline.backends.base import Backend, RequestFeed
+from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
 
 _TRANSIENT_STATUS = {408, 409, 425, 429}

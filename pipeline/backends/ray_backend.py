@@ -44,7 +44,8 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pipeline.backends.base import Backend, ChatRequest, ChatResult, Choice, RequestFailure
+from pipeline.backends.base import Backend
+from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
 
 INSTALL_HINT = "pip install 'personalized-rewardbench[ray]'"

@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.backends.base import Backend, ChatRequest, ChatResult, RequestFailure
+from pipeline.backends.base import Backend
 from pipeline.cache import RequestCache
+from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
 
 

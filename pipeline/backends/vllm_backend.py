@@ -31,7 +31,8 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pipeline.backends.base import Backend, ChatRequest, ChatResult, Choice, RequestFailure
+from pipeline.backends.base import Backend
+from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
 
 # The vLLM release this backend's calls were checked against on a GPU (LLM.chat with a list

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import schemas
-from pipeline.backends.base import ChatRequest
 from pipeline.cache import INVALID_PREFIX
+from pipeline.chat import ChatRequest
 from pipeline.errors import InputError
 from pipeline.eval.data import EvalPair, pairwise_messages
 from pipeline.llm import Answer

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import schemas
-from pipeline.backends.base import ChatRequest
+from pipeline.chat import ChatRequest
 from pipeline.fields import DIMENSIONS
 from pipeline.ids import content_hash, pair_id
 from pipeline.io import dumps_sorted

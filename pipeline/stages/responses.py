@@ -20,7 +20,7 @@ from typing import Any
 from rapidfuzz import fuzz, process
 from rapidfuzz.utils import default_process
 
-from pipeline.backends.base import ChatRequest
+from pipeline.chat import ChatRequest
 from pipeline.fields import count_words
 from pipeline.ids import content_hash, stable_id
 from pipeline.llm import Answer, Job

@@ -9,7 +9,7 @@ from typing import Any
 from rapidfuzz import fuzz
 
 from pipeline import schemas
-from pipeline.backends.base import ChatRequest
+from pipeline.chat import ChatRequest
 from pipeline.ids import content_hash, stable_id
 from pipeline.llm import Answer, Job
 from pipeline.profile import select_profile
