@@ -60,7 +60,7 @@ from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.config import Config, load_config  # noqa: E402
 from pipeline.llm import Answer, LLMRunner  # noqa: E402
 from pipeline.orchestrate import run_pipeline  # noqa: E402
-from pipeline.rundir import RunDir  # noqa: E402
+from pipeline.run import RunDir  # noqa: E402
 from pipeline.stages.base import Context  # noqa: E402
 from pipeline.stages.responses import ResponseStage  # noqa: E402
 

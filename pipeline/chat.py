@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.ids import canonical_json, content_hash
 
@@ -29,6 +29,14 @@ def _schema_json(schema: dict) -> str:
     return text
 
 
+class Sampling(Protocol):
+    """What a config's sampling section holds (``SamplingSection``)."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     """A chat completion request. ``key`` hashes everything that decides the answer."""
@@ -42,6 +50,33 @@ class ChatRequest:
     seed: int | None = None
     json_schema: dict | None = field(default=None, hash=False)
     schema_name: str = "answer"
+
+    @classmethod
+    def sampled(
+        cls,
+        messages: tuple[tuple[str, str], ...],
+        model: str,
+        sampling: Sampling,
+        *,
+        n: int = 1,
+        seed: int | None = None,
+        max_tokens: int | None = None,
+        json_schema: dict | None = None,
+        schema_name: str = "answer",
+    ) -> ChatRequest:
+        """A request with a config's sampling settings (every stage builds its requests
+        here); ``max_tokens`` overrides the section's when a schema needs more."""
+        return cls(
+            messages=messages,
+            model=model,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=max_tokens or sampling.max_tokens,
+            n=n,
+            seed=seed,
+            json_schema=json_schema,
+            schema_name=schema_name,
+        )
 
     def message_dicts(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.cliargs import add_set_option as _add_set
+
+if TYPE_CHECKING:
+    from pipeline.run import RunDir
 
 # the stage names in run order, for help texts (pipeline.stages.ORDER, kept in step by a test)
 _STAGES = "ingest, rubrics, responses, judge, pairs"
-
-
-def _add_set(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config field (repeatable), e.g. --set responses.n=4",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="release folder (default: <run>/publish)")
     p.add_argument("--license", default="cc-by-4.0", help="license id for the card")
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the earlier release in --out (only a folder `prb publish` wrote is ever "
+        "replaced; the run's own <run>/publish is replaced without it)",
+    )
+    p.add_argument(
         "--push-to-hub",
         metavar="REPO",
         help="also upload to this Hub dataset repo (token from HF_TOKEN; new repos are private)",
@@ -187,14 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_dir(target: Path, overrides: list[str]) -> Path:
-    if target.is_file() and target.suffix in (".yaml", ".yml"):
-        from pipeline.config import load_config
-
-        return load_config(target, overrides).run_dir
-    return target
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.orchestrate import run_pipeline
@@ -204,11 +198,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_pipeline(
             cfg, until=args.until, only=args.only, redo=args.redo, progress=not args.no_progress
         )
-        print(f"run directory: {cfg.run_dir}")
+        print(f"run directory: {os.path.abspath(cfg.run_dir)}")
         return 0
     import time
 
-    from pipeline.errors import format_error
+    from pipeline.errorline import format_error
     from pipeline.runsummary import print_run_summary
 
     t0 = time.time()
@@ -227,13 +221,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from pipeline.cache import repair_cache
-    from pipeline.rundir import RunDir
+    from pipeline.run import open_run
 
     if args.cache_command != "repair":
         print("usage: prb cache repair RUN", file=sys.stderr)
         return 2
-    rd = RunDir(_run_dir(args.run, args.overrides))
-    with rd.lock("prb cache repair"):
+    rd, _ = open_run(args.run, args.overrides)  # an existing run, or one line; creates nothing
+    with rd.lock("prb cache repair").acquire(create=False):
         res = repair_cache(rd.cache_path)
     saved = res["saved"]
     print(
@@ -299,8 +293,10 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def list_runs(outputs: Path = Path("outputs")) -> int:
     """When a command that takes a run gets none: the runs under outputs/, newest first."""
+    from pipeline.run import RunDir
+
     runs = sorted(
-        (p for p in outputs.glob("*") if (p / "run.yaml").exists()),
+        (p for p in outputs.glob("*") if p.is_dir() and RunDir(p).is_run()),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
@@ -319,16 +315,13 @@ def list_runs(outputs: Path = Path("outputs")) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from pipeline.cache import RequestCache
-    from pipeline.rundir import RunDir, redo_hint
+    from pipeline.errors import PipelineError
+    from pipeline.run import open_run
     from pipeline.stages import ORDER
 
     if args.run is None:
         return list_runs()
-    path = _run_dir(args.run, args.overrides)
-    if not path.exists():
-        print(f"{path}: no such run directory", file=sys.stderr)
-        return 1
-    rd = RunDir(path)
+    rd, _ = open_run(args.run, args.overrides)
     per_stage: dict[str, dict[str, int]] = {}
     total = errors = 0
     if rd.cache_path.exists():
@@ -336,17 +329,20 @@ def cmd_status(args: argparse.Namespace) -> int:
             per_stage = cache.counts_by_stage()
             total = sum(v["answers"] for v in per_stage.values())
             errors = sum(v["errors"] for v in per_stage.values())
-    print(f"run: {path}")
+    print(f"run: {rd.shown}")
+    damaged = False
     for name in ORDER:
         sd = rd.stage(name)
-        state, done, expected = sd.status()
-        if state == "partial":
-            state = f"partial ({done} of {expected if expected is not None else '?'} examples)"
-        elif state == "done":
-            state = f"done ({done} examples)"
-            problems = sd.verify(quick=True)
-            if problems:
-                state += f", DAMAGED: {problems[0]}; {redo_hint(name)}"
+        try:
+            state, done, expected = sd.status()
+            if state == "partial":
+                of = expected if expected is not None else "?"
+                state = f"partial ({done} of {of} examples)"
+            elif state == "done":
+                state = f"done ({done} examples)"
+                sd.check_intact()  # the same check, and the same line, as `prb run`
+        except PipelineError as exc:
+            state, damaged = f"DAMAGED: {exc}", True
         c = per_stage.get(name)
         if c and state != "not started":
             extra = f"{c['answers']} answers cached"
@@ -362,18 +358,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"  cache: {total} answers, {errors} failures recorded ({rd.cache_path}, {size:.1f} MB)"
         )
-    return 0
+    return 1 if damaged else 0
 
 
-def _example_sources(run_dir: Path, example_ids: set[str]) -> dict[str, tuple[str, str]]:
-    """example_id -> (source row id, question), read from the run's ingest stage."""
-    from pipeline.rundir import RunDir
-
+def _example_sources(rd: RunDir, example_ids: set[str]) -> dict[str, tuple[str, str]]:
+    """example_id -> (source row id, question), read from the run's finished ingest stage."""
     found: dict[str, tuple[str, str]] = {}
-    ingest = RunDir(run_dir).stage("ingest")
-    if not example_ids or not ingest.path.exists():
+    if not example_ids:
         return found
-    for row in ingest.rows():
+    for row in rd.finished("ingest").rows():
         if row.get("example_id") in example_ids:
             found[row["example_id"]] = (str(row.get("source_id", "?")), row.get("question", ""))
             if len(found) == len(example_ids):
@@ -391,48 +384,40 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from pipeline.orchestrate import _unknown_stage
-    from pipeline.rundir import RunDir
+    from pipeline.run import open_run
     from pipeline.stages import ORDER
 
     if args.run is None:
         return list_runs()
     if args.stage not in ORDER:
         raise _unknown_stage(args.stage)
-    path = _run_dir(args.run, args.overrides)
-    if not path.exists():
-        print(
-            f"{path}: no such run directory; `prb inspect` with no argument lists the runs",
-            file=sys.stderr,
-        )
-        return 1
-    sd = RunDir(path).stage(args.stage)
+    rd, _ = open_run(args.run, args.overrides)
+    sd = rd.stage(args.stage)
     if not sd.path.exists():
         print(
-            f"{path}: stage '{args.stage}' has not run yet; `prb status {path}` shows where "
-            "the run stands",
+            f"{rd.shown}: stage '{args.stage}' has not run yet; `prb status {args.run}` shows "
+            "where the run stands",
             file=sys.stderr,
         )
         return 1
+    if sd.done:
+        sd.check_intact()  # a damaged stage is named with its repair, never half-listed
     rejects = list(sd.rejects())
-    counts = Counter(r["reason"] for r in rejects)
+    counts = Counter(r.get("reason") for r in rejects)
     if args.reason and args.reason not in counts:
         known = ", ".join(f"{k} ({v})" for k, v in counts.most_common()) or "none"
         print(f"no drops with reason '{args.reason}'; reasons here: {known}", file=sys.stderr)
         return 1
-    chosen = [r for r in rejects if not args.reason or r["reason"] == args.reason]
+    chosen = [r for r in rejects if not args.reason or r.get("reason") == args.reason]
     shown = chosen if args.limit == 0 else chosen[: args.limit]
-    sources = _example_sources(path, {r["example_id"] for r in shown if "example_id" in r})
+    sources = _example_sources(rd, {r["example_id"] for r in shown if "example_id" in r})
     if args.json:
         for r in shown:
             src = sources.get(r.get("example_id", ""))
             extra = {"source_id": src[0], "question": src[1]} if src else {}
             print(json.dumps({**extra, **r}, ensure_ascii=False))
         return 0
-    try:  # only for the "of N examples" figure: a missing or unreadable file leaves it out
-        stats = json.loads((sd.path / "stats.json").read_text())
-    except (OSError, ValueError):
-        stats = {}
-    n = stats.get("examples") if isinstance(stats, dict) else None
+    n = sd.stats().get("examples") if sd.done else None
     of = f" of {n} examples" if isinstance(n, int) else ""
     if not rejects:
         print(f"{args.stage}: nothing dropped{of}")
@@ -443,7 +428,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     )
     for r in shown:
         src_id, question = sources.get(r.get("example_id", ""), ("?", ""))
-        print(f"- {src_id} (example {r.get('example_id')}) [{r['reason']}] {r.get('detail', '')}")
+        print(f"- {src_id} (example {r.get('example_id')}) [{r.get('reason')}] "
+              f"{r.get('detail', '')}")  # fmt: skip
         if question:
             print(f"    question: {_clip(question)}")
         for p in r.get("pairs", [])[:8]:
@@ -460,25 +446,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     from pipeline.publish import publish
+    from pipeline.run import open_run
 
-    cfg = None
-    if args.run.is_file() and args.run.suffix in (".yaml", ".yml"):
-        from pipeline.config import load_config
-
-        cfg = load_config(args.run, args.overrides)
-        run_dir = cfg.run_dir
-    else:
-        run_dir = args.run
+    rd, cfg = open_run(args.run, args.overrides)
     res = publish(
         cfg,
-        run_dir,
+        rd.path,
         policy=args.policy,
         out_dir=args.out,
         push_to_hub=args.push_to_hub,
         license=args.license,
+        force=args.force,
     )
     parts = ", ".join(f"{k} {v}" for k, v in res["configs"].items())
     print(f"published {res['rows']} pairs (policy {res['policy']}) to {res['out']}: {parts}")
+    if res.get("note"):
+        print(res["note"])
     if res["excluded"]:
         print("excluded: " + ", ".join(f"{k} {v}" for k, v in res["excluded"].items()))
     if res["pushed"]:
@@ -572,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # one path for every expected failure: one line (redacted), the traceback on --debug;
         # anything format_error does not know is a bug and keeps its traceback
-        from pipeline.errors import format_error
+        from pipeline.errorline import format_error
 
         line = format_error(exc, getattr(args, "run", None) or getattr(args, "config", None))
         if line is None:

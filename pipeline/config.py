@@ -17,9 +17,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pipeline.audit.checks import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
 from pipeline.errors import ConfigError
 from pipeline.redact import redact, register_names, register_value, strip_userinfo, url_password
+from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
+from pipeline.rules import default as rule_default
 
 STRATEGIES = ("avoid_all", "violate_one", "other_user")
 Strategy = Literal["avoid_all", "violate_one", "other_user"]
@@ -288,59 +289,94 @@ class PairsSection(_Section):
         description="Pair filters in the order they run (see docs/filters.md).",
     )
     quality_floor: int = Field(
-        4, ge=1, le=5, description="Both answers score at least this on all three dimensions."
+        rule_default("quality_floor"),
+        ge=1,
+        le=5,
+        description="Both answers score at least this on all three dimensions.",
     )
     quality_gap_max: int = Field(
-        1, ge=0, le=4, description="Largest allowed difference on any quality dimension."
+        rule_default("quality_gap_max"),
+        ge=0,
+        le=4,
+        description="Largest allowed difference on any quality dimension.",
     )
     coverage_chosen_min: int = Field(
-        2, ge=0, le=2, description="The chosen answer's least coverage score on every item."
+        rule_default("coverage_chosen_min"),
+        ge=0,
+        le=2,
+        description="The chosen answer's least coverage score on every item.",
     )
     coverage_rejected_max: int = Field(
-        0, ge=0, le=2, description="The rejected answer's highest score on its violated items."
+        rule_default("coverage_rejected_max"),
+        ge=0,
+        le=2,
+        description="The rejected answer's highest score on its violated items.",
     )
     coverage_kept_min: int = Field(
-        1,
+        rule_default("coverage_kept_min"),
         ge=0,
         le=2,
         description="violate_one: the rejected answer's least score on the items it keeps.",
     )
     length_slack: float = Field(
-        0.1, ge=0, description="Word cap tolerance: both answers <= word_cap * (1 + slack)."
+        rule_default("length_slack"),
+        ge=0,
+        description="Word cap tolerance: both answers <= word_cap * (1 + slack).",
     )
     length_ratio_min: float = Field(
-        0.67, gt=0, description="Least chosen/rejected word-count ratio."
+        rule_default("length_ratio_min"),
+        gt=0,
+        description="Least chosen/rejected word-count ratio.",
     )
-    length_ratio_max: float = Field(1.5, gt=0, description="Largest chosen/rejected ratio.")
+    length_ratio_max: float = Field(
+        rule_default("length_ratio_max"), gt=0, description="Largest chosen/rejected ratio."
+    )
     similarity_min: float = Field(
-        10.0, ge=0, le=100, description="Least word-level similarity (rapidfuzz Indel, 0-100)."
+        rule_default("similarity_min"),
+        ge=0,
+        le=100,
+        description="Least word-level similarity (rapidfuzz Indel, 0-100).",
     )
     similarity_max: float = Field(
-        85.0, ge=0, le=100, description="Largest word-level similarity (near-identical above)."
+        rule_default("similarity_max"),
+        ge=0,
+        le=100,
+        description="Largest word-level similarity (near-identical above).",
     )
     dedup_question_threshold: float = Field(
-        95.0, ge=0, le=100, description="One user's questions this similar are duplicates."
+        rule_default("dedup_question_threshold"),
+        ge=0,
+        le=100,
+        description="One user's questions this similar are duplicates.",
     )
     dedup_answer_threshold: float = Field(
-        95.0,
+        rule_default("dedup_answer_threshold"),
         ge=0,
         le=100,
         description="Answers this similar are duplicates: within a user, or both answers of "
         "a pair across users (docs/audit.md).",
     )
     dedup_profile_threshold: float = Field(
-        90.0, ge=0, le=100, description="Profiles this similar are one person for dedup."
+        rule_default("dedup_profile_threshold"),
+        ge=0,
+        le=100,
+        description="Profiles this similar are one person for dedup.",
     )
     echo_min_words: int = Field(
-        5, ge=1, description="rubric_echo: least words a rubric aspect needs to count."
+        rule_default("echo_min_words"),
+        ge=1,
+        description="rubric_echo: least words a rubric aspect needs to count.",
     )
     echo_threshold: float = Field(
-        90.0, ge=0, le=100, description="rubric_echo: least partial match (0-100) of an aspect."
+        rule_default("echo_threshold"),
+        ge=0,
+        le=100,
+        description="rubric_echo: least partial match (0-100) of an aspect.",
     )
     meta_patterns: list[str] = Field(
         default_factory=lambda: list(DEFAULT_META_PATTERNS),
         description="Regexes (case-insensitive) that mark an answer talking about its brief "
-        "(defaults: pipeline/audit/checks.py, docs/audit.md).",
+        "(defaults: pipeline/rules/patterns.py, docs/audit.md).",
     )
     refusal_patterns: list[str] = Field(
         default_factory=lambda: list(DEFAULT_REFUSAL_PATTERNS),
@@ -521,6 +557,19 @@ def _format_validation(err: ValidationError, source: str) -> ConfigError:
     return ConfigError(
         redact(f"invalid config ({len(lines)} problems): {detail}"), path=source, field=first_field
     )
+
+
+def config_from_overrides(overrides: list[str]) -> Config:
+    """The defaults with ``--set`` overrides, for commands run without a config file; a bad
+    value is one ConfigError naming the field."""
+    data = apply_overrides({}, overrides)
+    _check_plain(data, "--set")
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as err:
+        raise _format_validation(err, "--set") from None
+    register_names([cfg.backend.api_key_env, cfg.annotation.token_env])
+    return cfg
 
 
 def parse_override(spec: str) -> tuple[list[str], Any]:

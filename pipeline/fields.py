@@ -120,3 +120,10 @@ def show(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.3f}"
     return str(x)
+
+
+def show_ci(ci: Any) -> str:
+    """A 95% interval as reports print it: ``[0.612, 0.734]``, n/a for none."""
+    if not ci or len(ci) != 2 or not all(is_number(x) for x in ci):
+        return "n/a"
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]"

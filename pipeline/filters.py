@@ -16,11 +16,12 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pipeline.audit.checks import Hit, Rules, word_similarity
-from pipeline.fields import DIMENSIONS, count_words, words
+from pipeline.fields import ORDERS, count_words, words
 from pipeline.registry import Registry
+from pipeline.rules import Hit, Rules, word_similarity
+from pipeline.rules.verdicts import prefers
 
-__all__ = ["DIMENSIONS", "FILTERS", "KEEP", "PairFilter", "PairView", "Verdict", "word_similarity"]
+__all__ = ["FILTERS", "KEEP", "PairFilter", "PairView", "Verdict", "word_similarity"]
 
 FILTERS = Registry("filter")
 
@@ -77,11 +78,6 @@ def _drop(side: str | None, hit: Hit) -> Verdict:
     return False, (f"{side} answer {hit.detail}" if side else hit.detail)
 
 
-def _prefers(pair: PairView, kind: str) -> dict[str, Any]:
-    v = pair.pairwise.get(kind, {})
-    return {o: (v.get(o) or {}).get("prefers") for o in ("AB", "BA")}
-
-
 @FILTERS.register("judge_parse")
 class JudgeParse(PairFilter):
     """Every judgment of the pair parsed (after re-asks); otherwise nothing can be trusted."""
@@ -98,7 +94,7 @@ class JudgeParse(PairFilter):
             if not j or not j.get("parse_ok"):
                 return False, f"{label} did not parse"
         for kind in ("pairwise_aware", "pairwise_blind"):
-            for order in ("AB", "BA"):
+            for order in ORDERS:
                 v = pair.pairwise.get(kind, {}).get(order)
                 if not v or not v.get("parse_ok"):
                     return False, f"{kind} {order} did not parse"
@@ -248,20 +244,16 @@ class Coverage(PairFilter):
         cc, cr = pair.coverage_chosen, pair.coverage_rejected
         if not cc or not cr or not cc.get("parse_ok") or not cr.get("parse_ok"):
             return False, "missing coverage judgment"
-        items = [it["item_id"] for it in pair.rubric["items"]]
-        low = [i for i in items if cc["scores"].get(i, 0) < self.cfg.coverage_chosen_min]
-        if low:
-            return False, f"chosen covers {low} below {self.cfg.coverage_chosen_min}"
-        violated = pair.rejected.get("violates") or items
-        hit = [i for i in violated if cr["scores"].get(i, 0) > self.cfg.coverage_rejected_max]
-        if hit:
-            return False, f"rejected covers targeted items {hit}"
-        if pair.rejected.get("strategy") == "violate_one":
-            kept = pair.rejected.get("honours") or []
-            lost = [i for i in kept if cr["scores"].get(i, 0) < self.cfg.coverage_kept_min]
-            if lost:
-                return False, f"violate_one rejected also misses {lost}"
-        return KEEP
+        h = self.rules.coverage(
+            cc["scores"],
+            cr["scores"],
+            pair.rubric["items"],
+            violated=pair.rejected.get("violates") or [],
+            kept=pair.rejected.get("honours") or []
+            if pair.rejected.get("strategy") == "violate_one"
+            else None,
+        )
+        return _drop(None, h) if h else KEEP
 
 
 @FILTERS.register("pairwise_consistency")
@@ -272,9 +264,9 @@ class PairwiseConsistency(PairFilter):
     name = "pairwise_consistency"
 
     def check(self, pair: PairView) -> Verdict:
-        h = self.rules.aware_disagrees(_prefers(pair, "pairwise_aware")) or self.rules.blind_leak(
-            _prefers(pair, "pairwise_blind")
-        )
+        h = self.rules.aware_disagrees(
+            prefers(pair.pairwise, "pairwise_aware")
+        ) or self.rules.blind_leak(prefers(pair.pairwise, "pairwise_blind"))
         return _drop(None, h) if h else KEEP
 
 

@@ -25,8 +25,8 @@ from typing import Any
 from pipeline.config import Config
 from pipeline.errors import ConfigError, StageError
 from pipeline.ids import content_hash
-from pipeline.io import remove_strays, write_json_atomic, write_text_atomic
-from pipeline.rundir import RunDir, StageDir, redo_hint
+from pipeline.io import remove_strays
+from pipeline.run import RunDir, StageDir
 from pipeline.stages import ORDER, STAGES
 from pipeline.stages.base import Context, Stage
 
@@ -118,24 +118,30 @@ def plan_stages(
 
 
 def check_contracts(stages: dict[str, Stage]) -> None:
-    """Each stage's declared reads must be among its upstream stage's declared writes."""
+    """Each stage's declared reads must be among what the stage it reads from declares it
+    writes, and that stage must run before it; checked before any work starts."""
+    order = list(stages)
     for name, st in stages.items():
         for up, fields in st.reads.items():
-            if up not in stages:
-                raise StageError(f"stage '{name}' reads from unknown stage '{up}'")
-            missing = set(fields) - stages[up].writes
+            if up not in stages or order.index(up) >= order.index(name):
+                raise StageError(
+                    f"stage '{name}' declares reads from '{up}', which is not a stage before "
+                    "it: a bug in the stage's declaration, nothing was run"
+                )
+            missing = set(fields) - set(stages[up].writes)
             if missing:
                 raise StageError(
-                    f"stage '{name}' reads {sorted(missing)} from '{up}', which does not write them"
+                    f"stage '{name}' reads {sorted(missing)} from '{up}', which does not "
+                    "declare writing them: a bug in a stage's declaration, nothing was run"
                 )
 
 
 def content_id(sd: StageDir) -> str | None:
     """Identity of a finished stage's data: the hash of its manifest."""
     marker = sd.marker()
-    if not marker or not isinstance(marker.get("files"), dict):
+    if marker is None or marker.files is None:
         return None
-    return content_hash(marker["files"], length=16)
+    return content_hash({k: v.model_dump() for k, v in marker.files.items()}, length=16)
 
 
 @dataclass
@@ -165,13 +171,14 @@ def make_plan(
         action, why = "run", ""
         if redo is not None and name in plan and ORDER.index(name) >= ORDER.index(redo):
             action, why = ("redo", "asked with --redo") if meta else ("run", "")
-        elif meta is not None and meta.get("fingerprint") != fp:
-            action, why = "redo", explain_change(meta.get("settings", {}), settings)
+        elif meta is not None and meta.fingerprint != fp:
+            action, why = "redo", explain_change(meta.settings, settings)
         elif sd.done:
-            marker = sd.marker() or {}
-            inputs = marker.get("inputs")
+            marker = sd.marker()
+            assert marker is not None  # done: the marker is there
+            inputs = marker.inputs
             changed_inputs = [u for u in stage.reads if u in rebuilt]
-            if not isinstance(marker.get("files"), dict):
+            if marker.files is None:
                 action, why = "redo", "finished by an older version (no manifest)"
             elif changed_inputs:
                 action, why = "redo", f"its input stage '{changed_inputs[0]}' is being rebuilt"
@@ -180,12 +187,7 @@ def make_plan(
             ):
                 action, why = "redo", "its input data changed since it finished"
             else:
-                problems = sd.verify()
-                if problems:
-                    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-                    raise StageError(
-                        f"stage '{name}' is damaged: {problems[0]}{more}; {redo_hint(name)}"
-                    )
+                sd.check_intact()
                 action = "skip"
         elif meta is not None:
             action = "resume"
@@ -256,15 +258,14 @@ def run_pipeline(
         removed = remove_strays(rd.path)
         if removed:
             echo(f"removed {removed} temporary files left by an interrupted run")
-        write_text_atomic(
-            rd.config_path,
-            "# Resolved config of this run (secrets are never written here).\n" + config.to_yaml(),
+        rd.write_config(
+            "# Resolved config of this run (secrets are never written here).\n" + config.to_yaml()
         )
         # environment.json describes the latest invocation; each stage.json keeps the one
         # that ran that stage, since a run may be generated on a GPU machine and resumed
         # elsewhere.
         env = library_versions()
-        write_json_atomic(rd.path / "environment.json", env)
+        rd.write_environment(env)
         for p in plans:
             stats = _act(ctx, p, env, echo)
             if stats is not None:
@@ -298,7 +299,7 @@ def _act(
     stats["seconds"] = round(time.perf_counter() - t0, 3)
     stats["fingerprint"] = p.fingerprint
     if stats.get("pending_examples"):
-        write_json_atomic(sd.path / "stats.json", stats)
+        sd.write_stats(stats)
         llm = stats.get("llm") or {}
         raise StageError(
             f"stage '{name}': {stats['pending_examples']} examples have failed requests "

@@ -126,15 +126,23 @@ def rank_embedding(question: str, posts: list[dict[str, Any]], model: str) -> li
     return sorted(range(len(posts)), key=lambda i: (-float(scores[i]), i))
 
 
-def select_profile(
+def rank_profile(
     question: str, posts: list[dict[str, Any]], k: int, ranker: str = "bm25", model: str = ""
-) -> list[dict[str, Any]]:
-    """The top ``k`` posts, most relevant first."""
+) -> list[int]:
+    """Indices of the top ``k`` posts, most relevant first: the ranking a run computes
+    once per example (at ingest) and every later step reads."""
     if len(posts) <= 1:
-        return list(posts)
+        return list(range(len(posts)))[:k]
     order = (
         rank_embedding(question, posts, model)
         if ranker == "embedding"
         else rank_bm25(question, posts)
     )
-    return [posts[i] for i in order[:k]]
+    return order[:k]
+
+
+def select_profile(
+    question: str, posts: list[dict[str, Any]], k: int, ranker: str = "bm25", model: str = ""
+) -> list[dict[str, Any]]:
+    """The top ``k`` posts, most relevant first (for sources without a recorded ranking)."""
+    return [posts[i] for i in rank_profile(question, posts, k, ranker, model)]

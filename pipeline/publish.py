@@ -22,14 +22,17 @@ import re
 import shutil
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline import fields
 from pipeline.errors import InputError, PipelineError, StageError
-from pipeline.fields import DIMENSIONS, show
-from pipeline.io import _fsync_dir, read_json, read_jsonl
-from pipeline.rundir import RunDir
+from pipeline.fields import DIMENSIONS, quality_scores, show
+from pipeline.io import _fsync_dir, read_json
+from pipeline.rules.verdicts import prefers
+from pipeline.run import RunDir
+from pipeline.run.layout import RELEASE_ALL, RELEASE_MARKER, RELEASE_SUMMARY
 
 if TYPE_CHECKING:
     from datasets import Features
@@ -110,29 +113,15 @@ def release_features() -> Features:
 # ---- reading the run ------------------------------------------------------------------
 
 
-def _round_key(path: Path) -> tuple[int, str]:
-    # round-2 comes before round-10: compare the number, not the text
-    m = re.search(r"(\d+)$", path.name)
-    return (int(m.group(1)) if m else -1, path.name)
-
-
-def _rounds(run_dir: Path) -> list[Path]:
-    base = run_dir / "annotate"
-    if not base.is_dir():
-        return []
-    return sorted((p for p in base.glob("round-*") if p.is_dir()), key=_round_key)
-
-
-def load_verdicts(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+def load_verdicts(rd: RunDir) -> dict[str, dict[str, Any]]:
     """Latest human verdict per pair_id over all annotation rounds (a later round wins)."""
     latest: dict[str, dict[str, Any]] = {}
-    for rnd in _rounds(Path(run_dir)):
-        path = rnd / "verdicts.jsonl"
+    for rnd in rd.rounds():
+        path = rnd.verdicts
         if not path.exists():
             continue
-        number = _round_key(rnd)[0]
-        for line, row in enumerate(read_jsonl(path), start=1):
-            if not isinstance(row, dict) or not row.get("pair_id"):
+        for line, row in _jsonl_rows(path):
+            if not row.get("pair_id"):
                 raise InputError("verdict row without a pair_id", path=path, line=line)
             if row.get("status") not in STATUSES:
                 raise InputError(
@@ -141,8 +130,27 @@ def load_verdicts(run_dir: str | Path) -> dict[str, dict[str, Any]]:
                     line=line,
                     field="status",
                 )
-            latest[row["pair_id"]] = {**row, "round": number}
+            latest[row["pair_id"]] = {**row, "round": rnd.number}
     return latest
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of a JSONL file the project wrote; damage is one error."""
+    with open(path, "rb") as fh:
+        for line, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError:  # UnicodeDecodeError is a ValueError
+                raise InputError(
+                    "not valid JSON; run `prb annotate import` for this round again",
+                    path=path,
+                    line=line,
+                ) from None
+            if not isinstance(row, dict):
+                raise InputError("a row must be a JSON object", path=path, line=line)
+            yield line, row
 
 
 def _agreement_summary(raw: dict[str, Any]) -> dict[str, Any]:
@@ -173,22 +181,18 @@ def _agreement_summary(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_agreement(run_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """Round name -> summary figures from ``annotate/round-*/agreement.json``."""
+def load_agreement(rd: RunDir) -> dict[str, dict[str, Any]]:
+    """Round name -> summary figures from each round's agreement.json."""
     out = {}
-    for rnd in _rounds(Path(run_dir)):
-        path = rnd / "agreement.json"
+    for rnd in rd.rounds():
+        path = rnd.agreement
         if path.exists():
             try:
                 raw = read_json(path)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"not valid JSON: {exc}", path=path) from exc
+            except ValueError as exc:
+                raise InputError(f"not valid JSON: {exc}", path=path) from None
             out[rnd.name] = _agreement_summary(raw if isinstance(raw, dict) else {})
     return out
-
-
-def _read_optional_json(path: Path) -> Any:
-    return read_json(path) if path.exists() else None
 
 
 # ---- one release row ------------------------------------------------------------------
@@ -196,16 +200,6 @@ def _read_optional_json(path: Path) -> Any:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _quality(q: dict | None) -> dict[str, int | None]:
-    q = q or {}
-    return {d: q.get(d) for d in DIMENSIONS}
-
-
-def _prefers(pairwise: dict, kind: str) -> dict[str, str | None]:
-    v = (pairwise or {}).get(kind) or {}
-    return {o: (v.get(o) or {}).get("prefers") for o in ("AB", "BA")}
 
 
 def _template_info(p: dict | None) -> dict[str, Any] | None:
@@ -218,78 +212,90 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False)
 
 
-def build_row(
-    pair: dict[str, Any],
-    example: dict[str, Any],
-    rubric: dict[str, Any],
-    verdict: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The release row of one kept pair."""
-    gen = (pair.get("provenance") or {}).get("generator") or {}
+def generator_model(record: dict[str, Any]) -> str | None:
+    """The model that wrote the pair's answers, as the release names it."""
+    gen = (record.get("provenance") or {}).get("generator") or {}
     g_ch, g_rj = gen.get("chosen") or {}, gen.get("rejected") or {}
-    judge_prov = (pair.get("provenance") or {}).get("judge") or {}
-    judge = pair.get("judge") or {}
+    if g_ch.get("model") == g_rj.get("model"):
+        return g_ch.get("model")
+    return f"{g_ch.get('model')} (chosen), {g_rj.get('model')} (rejected)"
+
+
+def sampling_of(record: dict[str, Any]) -> dict[str, Any]:
+    """Generator sampling per side, judge sampling and seed (the release's `sampling`)."""
+    prov = record.get("provenance") or {}
+    gen = prov.get("generator") or {}
+    g_ch, g_rj = gen.get("chosen") or {}, gen.get("rejected") or {}
+    judge = prov.get("judge") or {}
+    return {
+        "chosen": {**(g_ch.get("sampling") or {}), "n": g_ch.get("n")},
+        "rejected": {**(g_rj.get("sampling") or {}), "n": g_rj.get("n")},
+        "judge": {**(judge.get("sampling") or {}), "seed": judge.get("seed")},
+    }
+
+
+def templates_of(record: dict[str, Any]) -> dict[str, Any]:
+    """Template name, version and sha256 per side and per judge template."""
+    prov = record.get("provenance") or {}
+    gen = prov.get("generator") or {}
+    judge = prov.get("judge") or {}
+    return {
+        "chosen": _template_info(gen.get("chosen")),
+        "rejected": _template_info(gen.get("rejected")),
+        "judge": {k: _template_info(v) for k, v in (judge.get("templates") or {}).items()},
+    }
+
+
+def build_row(record: dict[str, Any], verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """The release row of one pair record (pipeline/records.py)."""
+    gen = (record.get("provenance") or {}).get("generator") or {}
+    g_ch, g_rj = gen.get("chosen") or {}, gen.get("rejected") or {}
+    judge_prov = (record.get("provenance") or {}).get("judge") or {}
+    judge = record.get("judge") or {}
     cov = judge.get("coverage") or {}
     cov_c, cov_r = cov.get("chosen") or {}, cov.get("rejected") or {}
-    violated = list(pair.get("violated_item_ids") or [])
+    violated = list(record.get("violated_item_ids") or [])
+    rubric = record.get("rubric") or {}
     items = rubric.get("items") or []
-    models = {g_ch.get("model"), g_rj.get("model")}
-    if len(models) == 1:
-        generator_model = g_ch.get("model")
-    else:
-        generator_model = f"{g_ch.get('model')} (chosen), {g_rj.get('model')} (rejected)"
+    pairwise = judge.get("pairwise") or {}
     verdict = verdict or {}
     return {
-        "id": str(example.get("source_id") or example["example_id"]),
-        "question": example["question"],
+        "id": str(record.get("source_id") or record["example_id"]),
+        "question": record["question"],
         "profile": [
             {"id": p.get("id"), "category": p.get("category"), "text": p.get("text")}
-            for p in example.get("profile") or []
+            for p in record.get("profile") or []
         ],
         "rubric_aspects": [
             {"aspect": it.get("aspect"), "evidence": it.get("evidence"), "reason": it.get("reason")}
             for it in items
         ],
-        "narrative": example.get("narrative"),
-        "category": example.get("category"),
-        "chosen": pair["chosen"],
-        "rejected": pair["rejected"],
-        "pair_id": pair["pair_id"],
-        "example_id": pair["example_id"],
-        "user_id": pair.get("user_id"),
-        "rubric_version": pair.get("rubric_version"),
+        "narrative": record.get("narrative"),
+        "category": record.get("category"),
+        "chosen": record["chosen"],
+        "rejected": record["rejected"],
+        "pair_id": record["pair_id"],
+        "example_id": record["example_id"],
+        "user_id": record.get("user_id"),
+        "rubric_version": record.get("rubric_version"),
         "rubric_source": rubric.get("source"),
         "rubric_item_ids": [it.get("item_id") for it in items],
-        "strategy": pair.get("strategy"),
+        "strategy": record.get("strategy"),
         "violated_item_ids": violated,
-        "generator_model": generator_model,
+        "generator_model": generator_model(record),
         "judge_model": judge_prov.get("model"),
-        "sampling": _json(
-            {
-                "chosen": {**(g_ch.get("sampling") or {}), "n": g_ch.get("n")},
-                "rejected": {**(g_rj.get("sampling") or {}), "n": g_rj.get("n")},
-                "judge": {**(judge_prov.get("sampling") or {}), "seed": judge_prov.get("seed")},
-            }
-        ),
+        "sampling": _json(sampling_of(record)),
         "seeds": {"chosen": g_ch.get("seed"), "rejected": g_rj.get("seed")},
-        "template_hashes": _json(
-            {
-                "chosen": _template_info(g_ch),
-                "rejected": _template_info(g_rj),
-                "judge": {
-                    k: _template_info(v) for k, v in (judge_prov.get("templates") or {}).items()
-                },
-            }
-        ),
-        "margin": pair.get("margin"),
-        "similarity": pair.get("similarity"),
-        "quality_chosen": _quality((judge.get("quality") or {}).get("chosen")),
-        "quality_rejected": _quality((judge.get("quality") or {}).get("rejected")),
+        "template_hashes": _json(templates_of(record)),
+        "margin": record.get("margin"),
+        "similarity": record.get("similarity"),
+        "quality_chosen": quality_scores((judge.get("quality") or {}).get("chosen")),
+        "quality_rejected": quality_scores((judge.get("quality") or {}).get("rejected")),
         "coverage_chosen_mean": _mean(list(cov_c.values())),
         "coverage_rejected_mean": _mean(list(cov_r.values())),
         "coverage_rejected_violated_mean": _mean([cov_r[i] for i in violated if i in cov_r]),
-        "pairwise_aware": _prefers(judge.get("pairwise") or {}, "pairwise_aware"),
-        "pairwise_blind": _prefers(judge.get("pairwise") or {}, "pairwise_blind"),
+        "pairwise_aware": prefers(pairwise, "pairwise_aware"),
+        "pairwise_blind": prefers(pairwise, "pairwise_blind"),
         "human_verdict": verdict.get("status"),
         "human_majority": verdict.get("majority"),
         "human_votes": int(verdict.get("n_votes") or 0),
@@ -499,9 +505,76 @@ def _write_durable(path: Path, text: str) -> None:
         os.fsync(fh.fileno())
 
 
+def _is_release(path: Path) -> bool:
+    """Whether ``path`` is a folder `prb publish` wrote: it holds the release marker (or,
+    from versions before the marker, a release.json of ours beside an ``all`` config)."""
+    if (path / RELEASE_MARKER).is_file():
+        return True
+    summary = path / RELEASE_SUMMARY
+    if summary.is_file() and (path / RELEASE_ALL).is_dir():
+        try:
+            raw = read_json(summary)
+        except (OSError, ValueError):
+            return False
+        return isinstance(raw, dict) and {"policy", "configs", "provenance"} <= raw.keys()
+    return False
+
+
+def check_out_dir(out: Path, rd: RunDir, *, default: bool, force: bool) -> str | None:
+    """Refuse, before any work, an output folder that is not ours to replace: a file, a
+    folder `prb publish` did not write, the run directory or anything inside it but its own
+    release folder, or a folder holding the run. Returns a note when an existing release
+    will be replaced. ``default``: ``out`` is the run's own release folder."""
+    full = Path(os.path.abspath(out))
+    run = Path(os.path.abspath(rd.path))
+    flag = "--out"
+    if not default:
+        if full == run or run.is_relative_to(full):
+            raise InputError(
+                f"holds the run directory {run}; publishing there would replace the run. "
+                "Choose a folder outside the run (or leave --out out: <run>/publish)",
+                path=out,
+                field=flag,
+            )
+        if full.is_relative_to(run) and full != Path(os.path.abspath(rd.release_dir)):
+            raise InputError(
+                f"is inside the run directory {run}, which only the pipeline writes; choose a "
+                "folder outside the run (or leave --out out: <run>/publish)",
+                path=out,
+                field=flag,
+            )
+    if full.exists() or full.is_symlink():
+        if not full.is_dir() or full.is_symlink():
+            raise InputError(
+                "is a file (or a link), not a release folder; choose a new folder for the "
+                "release, nothing was written",
+                path=out,
+                field=flag,
+            )
+        if not any(full.iterdir()):
+            return None  # an empty folder: taken as it is
+        if not _is_release(full):
+            raise InputError(
+                "exists and was not written by `prb publish` (no release marker in it); "
+                "nothing was written or deleted. Choose a new or empty folder for the release",
+                path=out,
+                field=flag,
+            )
+        if not default and not force:
+            raise InputError(
+                "holds an earlier release; pass --force to replace it (nothing else is "
+                "deleted), or choose another folder",
+                path=out,
+                field=flag,
+            )
+        return f"replaced the earlier release in {full}"
+    return None
+
+
 def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Replace ``out`` with ``tmp``: the old release is renamed away first, so at every
-    instant ``out`` is either the old release or the new one."""
+    """Replace ``out`` with ``tmp``: the old release (checked to be one, see
+    :func:`check_out_dir`) is renamed away first, so at every instant ``out`` is either the
+    old release or the new one, and only then removed."""
     trash = None
     if out.exists():
         trash = out.with_name(f".{out.name}.old-{time.time_ns()}")
@@ -545,18 +618,6 @@ def _push(out: Path, repo: str, token: str) -> str:
     return str(url)
 
 
-def _load_config(run_dir: Path) -> Config | None:
-    from pipeline.config import load_config
-
-    path = RunDir(run_dir).config_path
-    if not path.exists():
-        return None
-    try:
-        return load_config(path)
-    except PipelineError:
-        return None  # an older run.yaml: its figures come from the stage folders anyway
-
-
 def publish(
     config: Config | None,
     run_dir: str | Path,
@@ -564,15 +625,22 @@ def publish(
     out_dir: str | Path | None = None,
     push_to_hub: str | None = None,
     license: str = DEFAULT_LICENSE,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Build the release of ``run_dir`` under ``out_dir`` (default ``<run>/publish``).
 
-    ``config`` may be None: the run's ``run.yaml`` is read then. Returns a summary with
-    the output folder, row counts per config and what was excluded.
+    ``config`` may be None: the run's ``run.yaml`` is read then. The pair stage is read
+    through the run's verified accessor: a damaged or unfinished stage is refused, never
+    published in part. Returns a summary with the output folder, row counts per config and
+    what was excluded.
     """
-    run_dir = Path(run_dir)
     if policy not in POLICIES:
         raise PipelineError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    rd = RunDir(run_dir)
+    if not rd.path.is_dir():
+        raise StageError(f"{rd.path}: no such run directory")
+    out = Path(out_dir) if out_dir is not None else rd.release_dir
+    note = check_out_dir(out, rd, default=out_dir is None, force=force)
     token = None
     if push_to_hub:
         # checked before any work, so a missing token costs nothing and uploads nothing
@@ -582,49 +650,31 @@ def publish(
                 "--push-to-hub needs a Hugging Face token in the environment variable HF_TOKEN "
                 "(it is read from there only and never written); nothing was built or uploaded"
             )
-    rd = RunDir(run_dir)
-    if not run_dir.is_dir():
-        raise StageError(f"{run_dir}: no such run directory")
-    pairs_dir = rd.stage("pairs")
-    if not pairs_dir.done:
-        raise StageError(f"{pairs_dir.path}: the pairs stage has not finished; run it first")
     if config is None:
-        config = _load_config(run_dir)
+        config = rd.try_config()
 
-    examples = {e["example_id"]: e for e in rd.stage("ingest").rows()}
-    rubrics = {r["example_id"]: r for r in rd.stage("rubrics").rows()}
-    pairs = list(pairs_dir.rows())
-    verdicts = load_verdicts(run_dir)
-    agreement = load_agreement(run_dir)
-    selected, excluded = select_pairs(pairs, verdicts, policy)
+    records = list(rd.pair_records())
+    verdicts = load_verdicts(rd)
+    agreement = load_agreement(rd)
+    selected, excluded = select_pairs(records, verdicts, policy)
     if not selected:
         raise PipelineError(
-            f"no pair passes policy '{policy}' ({len(pairs)} kept by the filters; "
+            f"no pair passes policy '{policy}' ({len(records)} kept by the filters; "
             f"excluded: {dict(excluded) or 'none'}); nothing was published"
         )
-
-    rows = []
-    for p in selected:
-        ex, rub = examples.get(p["example_id"]), rubrics.get(p["example_id"])
-        if ex is None or rub is None:
-            missing = "ingest" if ex is None else "rubrics"
-            raise StageError(f"pair {p['pair_id']}: example {p['example_id']} not in {missing}")
-        if rub.get("rubric_version") != p.get("rubric_version"):
-            raise StageError(
-                f"pair {p['pair_id']}: rubric version {p.get('rubric_version')} differs from "
-                f"the rubrics stage's {rub.get('rubric_version')}; re-run the pipeline"
-            )
-        rows.append(build_row(p, ex, rub, verdicts.get(p["pair_id"])))
-    rows.sort(key=lambda r: (r["category"] or "", r["id"]))
+    rows = [build_row(r, verdicts.get(r["pair_id"])) for r in selected]
+    order = sorted(range(len(rows)), key=lambda i: (rows[i]["category"] or "", rows[i]["id"]))
+    rows = [rows[i] for i in order]
+    selected = [selected[i] for i in order]
     dup = [k for k, n in Counter(r["id"] for r in rows).items() if n > 1]
     if dup:
         raise StageError(f"ids repeat in the release (one pair per example expected): {dup[:5]}")
 
-    by_config: dict[str, list[dict]] = {"all": rows}
+    by_config: dict[str, list[dict]] = {RELEASE_ALL: rows}
     names: dict[str, str] = {}
     for r in rows:
         name = _config_name(r["category"])
-        if name == "all" or names.setdefault(name, r["category"]) != r["category"]:
+        if name == RELEASE_ALL or names.setdefault(name, r["category"]) != r["category"]:
             raise PipelineError(
                 f"category {r['category']!r} gives the config name {name!r}, which is taken"
             )
@@ -634,8 +684,8 @@ def publish(
     for r in rows:
         _check_no_secrets(secrets, f"pair {r['pair_id']}", _json(r).encode())
 
-    summary = _summary(run_dir, config, policy, license, rows, by_config, excluded, agreement)
-    out = Path(out_dir) if out_dir is not None else run_dir / "publish"
+    summary = _summary(rd, config, policy, license, selected, rows, by_config, excluded,
+                       agreement)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     # not mkdtemp: its folder is private (0700), and a release is meant to be shared
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.time_ns()}"
@@ -646,7 +696,13 @@ def publish(
             _write_parquet(tmp / name / DATA_FILE, part, features)
         _write_durable(tmp / "README.md", render_card(summary))
         _write_durable(
-            tmp / "release.json", json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False)
+            tmp / RELEASE_SUMMARY,
+            json.dumps(summary, indent=2, sort_keys=True, ensure_ascii=False),
+        )
+        _write_durable(
+            tmp / RELEASE_MARKER,
+            json.dumps({"written_by": "prb publish", "run": rd.shown, "policy": policy}, indent=2)
+            + "\n",
         )
         for f in sorted(tmp.rglob("*")):
             if f.is_file():
@@ -663,6 +719,7 @@ def publish(
         "configs": summary["configs"],
         "excluded": dict(excluded),
         "pushed": None,
+        "note": note,
     }
     if push_to_hub:
         assert token is not None
@@ -670,11 +727,11 @@ def publish(
     return result
 
 
-def _templates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every distinct prompt template the published rows came from."""
+def _templates(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every distinct prompt template the published pairs came from."""
     seen: dict[tuple, dict[str, Any]] = {}
-    for r in rows:
-        t = json.loads(r["template_hashes"])
+    for r in records:
+        t = templates_of(r)
         for info in [t.get("chosen"), t.get("rejected"), *(t.get("judge") or {}).values()]:
             if info and info.get("template"):
                 key = (info["template"], info.get("template_version"), info.get("template_hash"))
@@ -682,26 +739,33 @@ def _templates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [seen[k] for k in sorted(seen, key=str)]
 
 
+def _distinct(values: list[Any]) -> list[Any]:
+    """Distinct values in a stable order (by their JSON text)."""
+    seen = {_json(v): v for v in values}
+    return [seen[k] for k in sorted(seen)]
+
+
 def _summary(
-    run_dir: Path,
+    rd: RunDir,
     config: Config | None,
     policy: str,
     license: str,
+    records: list[dict[str, Any]],
     rows: list[dict[str, Any]],
     by_config: dict[str, list[dict]],
     excluded: Counter,
     agreement: dict[str, Any],
 ) -> dict[str, Any]:
     """Every figure the card reports, also written to release.json."""
-    rd = RunDir(run_dir)
-    stats = _read_optional_json(rd.stage("pairs").path / "stats.json") or {}
+    pairs = rd.finished("pairs")
+    stats = pairs.stats()
     funnel = {
         k: stats.get(k)
         for k in ("examples", "kept", "dropped", "dropped_by_reason", "kept_by_strategy")
         if k in stats
     }
-    pairs_meta = rd.stage("pairs").meta or {}
-    env = _read_optional_json(run_dir / "environment.json") or {}
+    meta = pairs.meta
+    env = rd.environment()
     per_cat: dict[str, dict[str, int]] = {}
     for r in rows:
         c = per_cat.setdefault(str(r["category"]), {"pairs": 0, "verified": 0})
@@ -712,12 +776,9 @@ def _summary(
     def distinct(key: str) -> list[str]:
         return sorted({str(r[key]) for r in rows if r[key] is not None})
 
-    def distinct_json(key: str, side: str) -> list[Any]:
-        seen = {_json(json.loads(r[key])[side]) for r in rows}
-        return [json.loads(x) for x in sorted(seen)]
-
-    run_name = config.run.name if config is not None else run_dir.name
+    run_name = config.run.name if config is not None else rd.path.name
     models = distinct("generator_model") + distinct("judge_model")
+    samplings = [sampling_of(r) for r in records]
     return {
         "pretty_name": f"Personalized RewardBench pairs ({run_name})",
         "hand_written": _hand_written(config, models),
@@ -738,10 +799,10 @@ def _summary(
             "generator_models": distinct("generator_model"),
             "judge_models": distinct("judge_model"),
             "run_seed": config.run.seed if config is not None else None,
-            "generator_sampling": distinct_json("sampling", "chosen"),
-            "judge_sampling": distinct_json("sampling", "judge"),
-            "templates": _templates(rows),
-            "filters": (pairs_meta.get("settings") or {}).get("pairs"),
+            "generator_sampling": _distinct([s["chosen"] for s in samplings]),
+            "judge_sampling": _distinct([s["judge"] for s in samplings]),
+            "templates": _templates(records),
+            "filters": (meta.settings if meta is not None else {}).get("pairs"),
             "environment": env,
             "publish_environment": _publish_versions(),
         },

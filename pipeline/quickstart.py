@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline.config import Config, load_config
 from pipeline.errors import PipelineError
+from pipeline.run import RunDir
 
 
 def quickstart_config() -> Path:
@@ -50,7 +51,7 @@ def run_quickstart(
     echo(f"[annotate] {exported['tasks']} tasks -> {exported['tasks_file']}")
     released = publish(cfg, run_dir, policy="filtered")
     echo(f"[publish] {released['rows']} pairs -> {released['out']}")
-    report = audit(released["out"], run_dir / "report")
+    report = audit(released["out"], RunDir(run_dir).report_dir)
     echo(f"[audit] {report['n_pairs']} pairs -> {report['outputs']['html']}")
     return {
         "run_dir": str(run_dir),

@@ -11,19 +11,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.rundir import RunDir
+from pipeline.errors import PipelineError
+from pipeline.run import RunDir
 from pipeline.stages import ORDER
 
 _REQUEST_KEYS = ("requests", "sent", "cached", "failed", "reasks")
 
 
 def _stats(rd: RunDir, name: str) -> dict[str, Any]:
-    path = rd.stage(name).path / "stats.json"
+    # the summary is printed after an error too: a damaged stats.json leaves its figures
+    # out (the error line already names what is wrong)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return rd.stage(name).stats()
+    except PipelineError:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def run_summary(
@@ -42,7 +43,10 @@ def run_summary(
     stages: dict[str, Any] = {}
     totals = dict.fromkeys(("sent", "cached", "failed", "tokens"), 0)
     for name in ORDER:
-        state, done, expected = rd.stage(name).status()
+        try:
+            state, done, expected = rd.stage(name).status()
+        except PipelineError:
+            state, done, expected = "damaged", 0, None
         stats = _stats(rd, name) if state != "not started" else {}
         entry: dict[str, Any] = {
             "state": state,
@@ -76,7 +80,7 @@ def run_summary(
     return {
         "ok": error is None,
         "error": error,
-        "run_dir": str(rd.path),
+        "run_dir": rd.shown,
         "stages_run": [n for n in ORDER if n in ran],
         "stages": stages,
         "pairs_kept": pairs["counts"].get("kept") if pairs["state"] == "done" else None,
@@ -92,12 +96,15 @@ def stages_started_since(run_dir: str | Path, since: float) -> list[str]:
     clock; a stage that was skipped as done keeps the start of the run that made it.
     """
     rd = RunDir(run_dir)
-    return [
-        n
-        for n in ORDER
-        if isinstance((meta := rd.stage(n).meta or {}).get("started"), (int, float))
-        and meta["started"] >= since
-    ]
+    started = []
+    for n in ORDER:
+        try:
+            meta = rd.stage(n).meta
+        except PipelineError:
+            continue
+        if meta is not None and meta.started is not None and meta.started >= since:
+            started.append(n)
+    return started
 
 
 def print_run_summary(run_dir: str | Path, *, since: float, error: str | None = None) -> None:

@@ -35,7 +35,8 @@ from pipeline.annotate.tasks import (
     stratum,
 )
 from pipeline.config import Config
-from pipeline.rundir import RunDir
+from pipeline.profile import rank_profile
+from pipeline.run import RunDir
 
 CATEGORIES = {
     "Art_and_Entertainment": 0.5,
@@ -104,9 +105,22 @@ def make_synthetic_run(
             {
                 "pair_id": f"pair{i:05d}",
                 "example_id": ex_id,
+                "source_id": f"synthetic-{i}",
                 "user_id": examples[-1]["user_id"],
                 "question": question,
                 "category": cat,
+                "narrative": examples[-1]["narrative"],
+                "profile": profile,
+                # the run's ranking, as ingest records it
+                "profile_view": {
+                    "ranker": "bm25",
+                    "top_k": 10,
+                    "order": rank_profile(question, profile, 10),
+                },
+                "rubric": {"version": f"rv{i:05d}", "source": "given", "items": items},
+                "finish_reasons": {"chosen": "stop", "rejected": "stop"},
+                "similarity": None,
+                "provenance": {},
                 "chosen": f"CHOSEN {i}: " + _text(rng, 40),
                 "rejected": f"REJECTED {i}: " + _text(rng, 40),
                 "chosen_id": f"c{i}",
@@ -287,7 +301,7 @@ def test_task_shows_profile_top3_and_rubric_items(run):
     d = plan.tasks[0]["data"]
     assert len(d["profile"].splitlines()) == 3
     assert all(len(line) <= 2 + 280 for line in d["profile"].splitlines())
-    items = data.rubrics[data.by_pair[d["pair_id"]]["example_id"]]["items"]
+    items = data.by_pair[d["pair_id"]]["rubric"]["items"]
     assert d["rubric"].splitlines() == [f"{i}. {it['aspect']}" for i, it in enumerate(items, 1)]
 
 
@@ -342,7 +356,7 @@ def test_plan_uses_config_seed_plus_round(run, tmp_path):
 def test_missing_or_unfinished_pairs_stage_is_a_clear_error(run, tmp_path):
     from pipeline.errors import StageError
 
-    with pytest.raises(StageError, match="no kept pairs"):
+    with pytest.raises(StageError, match="stage 'pairs' has not run"):
         load_run(tmp_path / "nothing")
     run_dir, _ = run
     (run_dir / "pairs" / "_DONE.json").unlink()

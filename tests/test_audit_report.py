@@ -20,6 +20,7 @@ from test_audit import crafted, write_jsonl
 from pipeline.audit import audit, load_pairs
 from pipeline.cli import main
 from pipeline.errors import InputError
+from pipeline.run import RunDir
 
 NASTY = "<!-- x --> <script>alert(1)</script> </script> & \"q\" 'a' </title> ]]>"
 
@@ -272,9 +273,16 @@ def test_unpublished_run_with_a_bad_judge_dict(unpublished_run, tmp_path, capsys
     row["judge"]["quality"]["chosen"]["correctness"] = "excellent"
     lines[1] = json.dumps(row)
     shard.write_text("\n".join(lines) + "\n")
+    # an edited shard no longer matches the stage's manifest: refused, like `prb run` does
     assert main(["audit", str(run)]) == 1
     err = capsys.readouterr().err
-    assert f"{shard}, line 2, field 'judge.quality.chosen.correctness'" in err
+    assert f"stage 'pairs' is damaged: {shard}" in err and "--redo pairs" in err
+    assert "Traceback" not in err and not (run / "report").exists()
+    # the same record with a manifest that matches: the record's field is named
+    RunDir(run).stage("pairs").finish(RunDir(run).stage("pairs").stats())
+    assert main(["audit", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"{shard}, line 2: 'judge.quality.chosen.correctness' must be a score 1-5" in err
     assert "Traceback" not in err and not (run / "report").exists()
 
 

@@ -1,4 +1,4 @@
-"""The per-pair rules (pipeline/audit/checks.py) on realistic text: meta-text phrasings,
+"""The per-pair rules (pipeline/rules/) on realistic text: meta-text phrasings,
 refusals, truncation, rubric echo, and the pattern gate that keeps them fast.
 
 Every sentence below was written by hand for these tests (they are not model output).
@@ -19,14 +19,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.audit.checks import (
+from pipeline.config import PairsSection
+from pipeline.rules import (
     DEFAULT_META_PATTERNS,
     DEFAULT_REFUSAL_PATTERNS,
     PatternSet,
     Rules,
     ends_mid_sentence,
 )
-from pipeline.config import PairsSection
 
 META_DEV = [
     "As you requested, here are three ways to practise on the train.",

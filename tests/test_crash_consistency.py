@@ -19,7 +19,7 @@ from conftest import write_config
 
 from pipeline.config import load_config
 from pipeline.orchestrate import run_pipeline
-from pipeline.rundir import RunDir
+from pipeline.run import RunDir
 from pipeline.stages import ORDER
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ import yaml
 from conftest import ROOT, SAMPLE, write_config
 
 from pipeline.cli import main
-from pipeline.errors import format_error
+from pipeline.errorline import format_error
 
 ROW = {"id": "q1", "question": "How do I start?", "profile": [{"id": "p1", "text": "I paint."}]}
 

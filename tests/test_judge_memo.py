@@ -13,7 +13,7 @@ from conftest import write_config
 
 from pipeline.config import load_config
 from pipeline.orchestrate import run_pipeline
-from pipeline.rundir import RunDir
+from pipeline.run import RunDir
 from pipeline.stages.base import Context
 from pipeline.stages.judge import MEMO_KIND, JudgeStage
 

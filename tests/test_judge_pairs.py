@@ -22,7 +22,7 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errors import StageError
 from pipeline.orchestrate import run_pipeline
-from pipeline.rundir import RunDir
+from pipeline.run import RunDir
 
 WORDS = (
     "practical simple steady weekly small clear useful daily quick gentle focused honest "

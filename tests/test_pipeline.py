@@ -15,7 +15,7 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errors import BackendError, InputError, StageError
 from pipeline.orchestrate import run_pipeline
-from pipeline.rundir import RunDir
+from pipeline.run import RunDir
 
 N_EXAMPLES = 12
 

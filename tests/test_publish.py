@@ -24,7 +24,7 @@ from pipeline.config import load_config
 from pipeline.errors import PipelineError, StageError
 from pipeline.orchestrate import run_pipeline
 from pipeline.publish import DATA_FILE, publish
-from pipeline.rundir import RunDir
+from pipeline.run import RunDir
 
 REFERENCE = ["id", "question", "profile", "rubric_aspects", "narrative", "category"]
 REFERENCE += ["chosen", "rejected"]
@@ -292,6 +292,8 @@ def test_secret_in_the_data_stops_the_publish(run, tmp_path, monkeypatch):
     rows = [json.loads(x) for x in shard.read_text().splitlines()]
     rows[1]["chosen"] += " key " + FAKE_SECRETS["OPENAI_API_KEY"]
     shard.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs = RunDir(run).stage("pairs")
+    pairs.finish(pairs.stats())  # a manifest that matches: the secret check must catch it
     out = tmp_path / "rel"
     with pytest.raises(PipelineError, match="OPENAI_API_KEY") as err:
         publish(None, run, out_dir=out)
@@ -311,7 +313,7 @@ def test_failure_midway_keeps_the_previous_release(run, tmp_path, monkeypatch):
 
     monkeypatch.setattr(pub, "render_card", boom)  # after the parquet files are written
     with pytest.raises(RuntimeError, match="disk full"):
-        publish(None, run, policy="filtered", out_dir=out, license="mit")
+        publish(None, run, policy="filtered", out_dir=out, license="mit", force=True)
     after = {str(f.relative_to(out)): f.read_bytes() for f in out.rglob("*") if f.is_file()}
     assert after == before
     assert _leftovers(tmp_path) == []
@@ -347,7 +349,7 @@ def test_push_without_token_fails_before_anything(run, tmp_path, monkeypatch):
 
 def test_unfinished_pairs_stage_is_refused(run, tmp_path):
     (run / "pairs" / "_DONE.json").unlink()
-    with pytest.raises(StageError, match="pairs stage has not finished"):
+    with pytest.raises(StageError, match="stage 'pairs' has not finished"):
         publish(None, run, out_dir=tmp_path / "rel")
     assert not (tmp_path / "rel").exists()
 

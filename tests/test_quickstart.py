@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from pipeline.rundir import RunDir
+from pipeline.run import RunDir
 
 SECRETS = {
     "OPENAI_API_KEY": "sk-fake-openai-123456",

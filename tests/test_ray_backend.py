@@ -32,7 +32,7 @@ from pipeline.config import BackendSection, load_config
 from pipeline.errors import BackendError
 from pipeline.llm import Answer, Failure, LLMRunner
 from pipeline.orchestrate import run_pipeline
-from pipeline.rundir import RunDir
+from pipeline.run import RunDir
 
 pytestmark = pytest.mark.ray
 

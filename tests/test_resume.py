@@ -18,7 +18,7 @@ from conftest import write_config
 
 from pipeline.config import load_config
 from pipeline.orchestrate import run_pipeline
-from pipeline.rundir import RunDir
+from pipeline.run import RunDir
 
 pytestmark = pytest.mark.slow
 

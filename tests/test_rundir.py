@@ -20,7 +20,7 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errors import StageError
 from pipeline.orchestrate import run_pipeline
-from pipeline.rundir import RunDir, StageDir
+from pipeline.run import RunDir, StageDir
 
 
 def _run(cfg: Path, *overrides: str, **kw):

@@ -23,7 +23,7 @@ from standin_server import StandinServer, generate_from_schema
 from pipeline import schemas
 from pipeline.config import load_config
 from pipeline.orchestrate import run_pipeline
-from pipeline.rundir import RunDir
+from pipeline.run import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 DIMS = ("correctness", "relevance", "helpfulness")

@@ -16,7 +16,7 @@ from pipeline.profile import select_profile
 from pipeline.prompts import load_template, parse_template
 from pipeline.registry import Registry
 from pipeline.resources import data_dir
-from pipeline.rundir import StageDir
+from pipeline.run import StageDir
 from pipeline.stages.responses import DonorEntry, derive_seed, find_donors
 from pipeline.stages.rubrics import make_rubric_row, merge_items
 

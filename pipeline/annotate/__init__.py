@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from pipeline.cliargs import add_set_option as _add_set
 from pipeline.errors import PipelineError
 
 
@@ -40,7 +41,7 @@ def add_annotate_parser(sub: argparse._SubParsersAction) -> None:
         help="a run config or run directory for the annotation settings (default settings)",
     )
     s.add_argument("--port", type=int, help="port (default annotation.port)")
-    _add_set(s)
+    _add_set(s, "annotation.port=8081")
 
     e = asub.add_parser(
         "export", help="send a round's tasks to Label Studio (again: adds only what is missing)"
@@ -50,42 +51,28 @@ def add_annotate_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--file-only", action="store_true", help="only write tasks.json; contact no server"
     )
-    _add_set(e)
+    _add_set(e, "annotation.sample_size=100")
 
     i = asub.add_parser("import", help="pull a round's annotations: verdicts and agreement")
     i.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
     i.add_argument("--round", dest="round_no", type=int, required=True, help="round number (1..)")
-    _add_set(i)
-
-
-def _add_set(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config field (repeatable), e.g. --set annotation.sample_size=100",
-    )
+    _add_set(i, "annotation.min_votes=3")
 
 
 def load_annotate_config(target: Path | None, overrides: list[str]) -> tuple[Any, Path | None]:
     """(config, run directory) from a run config file, a run directory (its run.yaml), or
     nothing (defaults)."""
-    from pipeline.config import Config, apply_overrides, load_config
+    from pipeline.config import config_from_overrides
+    from pipeline.run import open_run
 
     if target is None:
-        cfg = Config.model_validate(apply_overrides({}, overrides))
-        return cfg, None
-    target = Path(target)
-    if target.is_file():
-        cfg = load_config(target, overrides)
-        return cfg, cfg.run_dir
-    if (target / "run.yaml").is_file():
-        return load_config(target / "run.yaml", overrides), target
-    if target.is_dir():
-        raise LabelStudioError(f"{target}: no run.yaml here; pass the run's config file instead")
-    raise LabelStudioError(f"{target}: no such run directory or config file")
+        return config_from_overrides(overrides), None
+    rd, cfg = open_run(target, overrides)
+    if cfg is None:
+        raise LabelStudioError(
+            f"{rd.shown}: the run's run.yaml cannot be read; pass the run's config file instead"
+        )
+    return cfg, rd.path
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:

@@ -28,11 +28,11 @@ from pipeline.annotate.tasks import (
     label_config,
     project_title,
     public_task,
-    round_dir,
     sides_of,
 )
 from pipeline.config import Config
 from pipeline.io import read_json, write_json_atomic
+from pipeline.run import RunDir
 
 CLIENT_TIMEOUT_S = 300.0  # a full project export of thousands of tasks is one response
 PAGE_SIZE = 1000
@@ -208,9 +208,9 @@ def export_round(
 ) -> dict[str, Any]:
     """Write the round's task file and send the tasks the project does not have yet."""
     run_dir = Path(run_dir)
-    out = round_dir(run_dir, round_no)
+    rnd = RunDir(run_dir).round(round_no)
     plan = plan_round(config, run_dir, round_no)
-    tasks_path = out / "tasks.json"
+    tasks_path = rnd.tasks
     _check_same_round(tasks_path, plan)
     title = project_title(run_dir, round_no)
     summary: dict[str, Any] = {
@@ -237,12 +237,12 @@ def export_round(
         else:
             check_connection(client, client_url(client), config.annotation.token_env)
     # the answer key (which side is A) stays local; what annotators can see goes out
-    write_json_atomic(out / "sides.json", sides_of(plan.tasks))
+    write_json_atomic(rnd.sides, sides_of(plan.tasks))
     public = [public_task(t) for t in plan.tasks]
     write_json_atomic(tasks_path, public)
     if file_only:
         summary.update(project_id=None, url=None, sent=0, already_there=0, status="file_only")
-        write_json_atomic(out / "export.json", summary | {"time": time.time()})
+        write_json_atomic(rnd.export, summary | {"time": time.time()})
         return summary
 
     assert client is not None  # connected above whenever file_only is false
@@ -269,7 +269,7 @@ def export_round(
         status="sending",
     )
     # Written before sending: an interrupted export still leaves the project id for import.
-    write_json_atomic(out / "export.json", summary | {"time": time.time()})
+    write_json_atomic(rnd.export, summary | {"time": time.time()})
     try:
         for batch in _batches(missing, config.annotation.batch_size):
             # No automatic retry: a POST retried after a lost response could import the
@@ -281,7 +281,7 @@ def export_round(
             summary["sent"] += len(batch)
     except BaseException as exc:
         summary["status"] = "interrupted"
-        write_json_atomic(out / "export.json", summary | {"time": time.time()})
+        write_json_atomic(rnd.export, summary | {"time": time.time()})
         import httpx
         from label_studio_sdk.core.api_error import ApiError
 
@@ -297,5 +297,5 @@ def export_round(
         raise
     summary["status"] = "complete"
     summary["tasks_on_server"] = summary["already_there"] + summary["sent"]
-    write_json_atomic(out / "export.json", summary | {"time": time.time()})
+    write_json_atomic(rnd.export, summary | {"time": time.time()})
     return summary

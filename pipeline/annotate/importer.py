@@ -36,11 +36,11 @@ from pipeline.annotate.tasks import (
     FLAGS_CONTROL,
     map_choice,
     project_title,
-    round_dir,
 )
 from pipeline.config import Config
 from pipeline.io import read_json, write_json_atomic, write_jsonl_atomic
-from pipeline.rundir import RunDir
+from pipeline.rules.verdicts import direction, prefers
+from pipeline.run import Round, RunDir
 
 FLAG_NAMES = tuple(FLAGS.values())
 
@@ -141,20 +141,11 @@ def vote_rows(
 
 
 def judge_direction(pair: dict | None) -> str | None:
-    """What the rubric-aware judge said about the pair, over both presentation orders.
-
-    "chosen" (or "rejected") when it preferred that side in both orders, "tie" when the two
-    orders disagree or it called a tie, None when the pair carries no verdict.
-    """
+    """What the rubric-aware judge said about the pair, over both presentation orders
+    (``pipeline.rules.verdicts.direction``); None when the pair carries no verdict."""
     if not pair:
         return None
-    aware = ((pair.get("judge") or {}).get("pairwise") or {}).get("pairwise_aware") or {}
-    prefs = [(aware.get(o) or {}).get("prefers") for o in ("AB", "BA")]
-    if prefs[0] is None and prefs[1] is None:
-        return None
-    if prefs[0] == prefs[1] and prefs[0] in ("chosen", "rejected"):
-        return prefs[0]
-    return "tie"
+    return direction(prefers((pair.get("judge") or {}).get("pairwise"), "pairwise_aware"))
 
 
 def verdict(votes: list[str], min_votes: int) -> dict[str, Any]:
@@ -168,15 +159,15 @@ def verdict(votes: list[str], min_votes: int) -> dict[str, Any]:
     return {"majority": label, "share": round(share, 4), "status": status}
 
 
-def _local_sides(out: Path) -> dict[str, str]:
+def _local_sides(rnd: Round) -> dict[str, str]:
     """task_key -> a_side from the round's private sides.json (tasks.json of rounds exported
     before the answer key was kept out of the tasks)."""
-    if (out / "sides.json").exists():
-        return {k: v["a_side"] for k, v in read_json(out / "sides.json").items()}
-    if (out / "tasks.json").exists():
+    if rnd.sides.exists():
+        return {k: v["a_side"] for k, v in read_json(rnd.sides).items()}
+    if rnd.tasks.exists():
         return {
             t["data"]["task_key"]: t["data"]["a_side"]
-            for t in read_json(out / "tasks.json")
+            for t in read_json(rnd.tasks)
             if "a_side" in t["data"]
         }
     return {}
@@ -187,7 +178,7 @@ def _project_id(client: Any, run_dir: Path, round_no: int) -> int:
     from label_studio_sdk.core.api_error import ApiError
 
     title = project_title(run_dir, round_no)
-    record = round_dir(run_dir, round_no) / "export.json"
+    record = RunDir(run_dir).round(round_no).export
     if record.exists():
         info = read_json(record)
         if info.get("project_id") and info.get("url") == client_url(client):
@@ -210,7 +201,8 @@ def import_round(
 ) -> dict[str, Any]:
     """Download the round's annotations, write votes, verdicts, adjudication and agreement."""
     run_dir = Path(run_dir)
-    out = round_dir(run_dir, round_no)
+    rd = RunDir(run_dir)
+    rnd = rd.round(round_no)
     if client is None:
         client = connect(config)
     else:
@@ -218,8 +210,8 @@ def import_round(
     project_id = _project_id(client, run_dir, round_no)
     users = {u.id: u.email for u in client.users.list()}
     tasks = download_tasks(client, project_id)
-    local_side = _local_sides(out)
-    pairs = {p["pair_id"]: p for p in RunDir(run_dir).stage("pairs").rows()}
+    local_side = _local_sides(rnd)
+    pairs = {p["pair_id"]: p for p in rd.pair_records()}
     min_votes = config.annotation.min_votes
 
     rows: list[dict] = []
@@ -322,8 +314,8 @@ def import_round(
     agreement["counts"] = summary
     agreement["time"] = time.time()
 
-    write_jsonl_atomic(out / "annotations.jsonl", rows)
-    write_jsonl_atomic(out / "verdicts.jsonl", verdict_rows)
-    write_jsonl_atomic(out / "adjudication.jsonl", adjudicate)
-    write_json_atomic(out / "agreement.json", agreement)
+    write_jsonl_atomic(rnd.annotations, rows)
+    write_jsonl_atomic(rnd.verdicts, verdict_rows)
+    write_jsonl_atomic(rnd.adjudication, adjudicate)
+    write_json_atomic(rnd.agreement, agreement)
     return summary

@@ -24,9 +24,10 @@ from typing import Any
 from pipeline.errors import StageError
 from pipeline.ids import stable_id
 from pipeline.io import read_json
-from pipeline.profile import select_profile
+from pipeline.records import ranked_posts
 from pipeline.resources import data_dir
-from pipeline.rundir import RunDir
+from pipeline.rules.verdicts import shown_side
+from pipeline.run import RunDir, check_round_number
 
 LABEL_CONFIG_FILE = "labeling_config.xml"
 PROFILE_POSTS = 3  # posts shown to the annotator: enough for a sense of the user, quick to read
@@ -45,10 +46,6 @@ COMMENT_CONTROL = "comment"
 def label_config() -> str:
     """The Label Studio labeling config (annotation/labeling_config.xml)."""
     return (data_dir("annotation") / LABEL_CONFIG_FILE).read_text(encoding="utf-8")
-
-
-def round_dir(run_dir: str | Path, round_no: int) -> Path:
-    return Path(run_dir) / "annotate" / f"round-{round_no}"
 
 
 def project_title(run_dir: str | Path, round_no: int) -> str:
@@ -85,10 +82,7 @@ def map_choice(choice: str, a_side: str) -> str:
     """A/B/tie/both bad as clicked -> chosen/rejected/tie/both_bad for the pair."""
     c = choice.strip().lower()
     if c in ("a", "b"):
-        if a_side not in ("chosen", "rejected"):
-            raise ValueError(f"a_side must be 'chosen' or 'rejected', got {a_side!r}")
-        other = "rejected" if a_side == "chosen" else "chosen"
-        return a_side if c == "a" else other
+        return shown_side(c.upper(), a_side)
     if c == "tie":
         return "tie"
     if c.replace("_", " ") == "both bad":
@@ -101,9 +95,9 @@ def map_choice(choice: str, a_side: str) -> str:
 
 @dataclass
 class RunData:
+    """The run's kept pairs, each a full pair record (pipeline/records.py)."""
+
     pairs: list[dict]
-    examples: dict[str, dict]
-    rubrics: dict[str, dict]
 
     @property
     def by_pair(self) -> dict[str, dict]:
@@ -111,42 +105,25 @@ class RunData:
 
 
 def load_run(run_dir: str | Path) -> RunData:
-    """Kept pairs with the examples and rubrics they came from."""
+    """Kept pairs of the finished, verified pair stage (a sample drawn from a stage still
+    being written would change once it finishes)."""
     rd = RunDir(run_dir)
-    pairs_stage = rd.stage("pairs")
-    if not pairs_stage.shard_ids():
-        raise StageError(f"{pairs_stage.path}: no kept pairs; run the pipeline up to 'pairs' first")
-    if not pairs_stage.done:
-        # a sample drawn from a stage still being written would change once it finishes
-        raise StageError(f"{pairs_stage.path}: the pairs stage has not finished; resume the run")
-    pairs = list(pairs_stage.rows())
-    needed = {p["example_id"] for p in pairs}
-    examples = {e["example_id"]: e for e in rd.stage("ingest").rows() if e["example_id"] in needed}
-    rubrics = {r["example_id"]: r for r in rd.stage("rubrics").rows() if r["example_id"] in needed}
-    missing = sorted(needed - examples.keys()) or sorted(needed - rubrics.keys())
-    if missing:
-        what = "ingest" if needed - examples.keys() else "rubrics"
+    pairs = list(rd.pair_records())
+    if not pairs:
         raise StageError(
-            f"{Path(run_dir) / what}: no row for example {missing[0]} "
-            f"({len(missing)} missing); the run directory is inconsistent"
+            f"{rd.stage('pairs').path}: the pair stage kept no pairs; there is nothing to "
+            "annotate (`prb inspect RUN` lists why each example was dropped)"
         )
-    return RunData(pairs=pairs, examples=examples, rubrics=rubrics)
+    return RunData(pairs=pairs)
 
 
 def sent_pair_ids(run_dir: str | Path, round_no: int) -> set[str]:
     """Pair ids shown as real (non-gold) tasks in rounds before ``round_no``."""
-    base = Path(run_dir) / "annotate"
     sent: set[str] = set()
-    if not base.is_dir():
-        return sent
-    for d in base.glob("round-*"):
-        try:
-            n = int(d.name.split("-", 1)[1])
-        except ValueError:
-            continue
-        f = d / "tasks.json"
-        if n < round_no and f.exists():
-            sent.update(t["data"]["pair_id"] for t in read_json(f) if not t["data"].get("gold"))
+    for rnd in RunDir(run_dir).rounds():
+        if rnd.number < round_no and rnd.tasks.exists():
+            tasks = read_json(rnd.tasks)
+            sent.update(t["data"]["pair_id"] for t in tasks if not t["data"].get("gold"))
     return sent
 
 
@@ -270,17 +247,17 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def profile_view(example: dict, k: int = PROFILE_POSTS, chars: int = POST_CHARS) -> str:
-    """The user's ``k`` posts most relevant to the question (BM25), shortened."""
-    posts = [p for p in example.get("profile") or [] if str(p.get("text", "")).strip()]
-    if not posts:
+def profile_view(record: dict, k: int = PROFILE_POSTS, chars: int = POST_CHARS) -> str:
+    """The user's ``k`` posts most relevant to the question, in the run's own ranking
+    (the configured ranker's, computed once at ingest), shortened."""
+    top = [p for p in ranked_posts(record, k) if str(p.get("text", "")).strip()]
+    if not top:
         return "(no past posts)"
-    top = select_profile(example["question"], posts, k)
     return "\n".join(f"- {_clip(p['text'], chars)}" for p in top)
 
 
-def rubric_view(rubric: dict) -> str:
-    items = rubric.get("items") or []
+def rubric_view(record: dict) -> str:
+    items = (record.get("rubric") or {}).get("items") or []
     if not items:
         return "(no rubric items)"
     return "\n".join(f"{i}. {it['aspect']}" for i, it in enumerate(items, 1))
@@ -306,8 +283,6 @@ def sides_of(tasks: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def make_task(
     pair: dict,
-    example: dict,
-    rubric: dict,
     *,
     round_no: int,
     seed: int,
@@ -328,8 +303,8 @@ def make_task(
         "gold": gold,
         "a_side": side,
         "question": pair["question"],
-        "profile": profile_view(example),
-        "rubric": rubric_view(rubric),
+        "profile": profile_view(pair),
+        "rubric": rubric_view(pair),
         "answer_a": a,
         "answer_b": b,
     }
@@ -368,8 +343,7 @@ def build_round(
     data: RunData | None = None,
 ) -> RoundPlan:
     """Sample, add gold tasks, randomise A/B; tasks come in a seeded order that mixes gold in."""
-    if round_no < 1:
-        raise ValueError(f"round numbers start at 1, got {round_no}")
+    check_round_number(round_no)
     data = data or load_run(run_dir)
     seed = round_seed(base_seed, round_no)
     levels = confidence_levels(data.pairs)
@@ -380,13 +354,9 @@ def build_round(
     picked = {p["pair_id"] for p in sample.pairs}
     gold = pick_gold(data.pairs, gold_tasks, seed, avoid=earlier | picked)
 
-    tasks = []
-    for p in sample.pairs:
-        ex, rub = data.examples[p["example_id"]], data.rubrics[p["example_id"]]
-        tasks.append(make_task(p, ex, rub, round_no=round_no, seed=seed))
+    tasks = [make_task(p, round_no=round_no, seed=seed) for p in sample.pairs]
     for base, decoy in gold:
-        ex, rub = data.examples[base["example_id"]], data.rubrics[base["example_id"]]
-        tasks.append(make_task(base, ex, rub, round_no=round_no, seed=seed, distractor=decoy))
+        tasks.append(make_task(base, round_no=round_no, seed=seed, distractor=decoy))
     # Label Studio serves tasks in import order: a seeded order keeps gold from bunching.
     tasks.sort(key=lambda t: _rank(seed, "order", t["data"]["task_key"]))
     return RoundPlan(

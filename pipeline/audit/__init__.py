@@ -10,8 +10,8 @@ Modules: ``load`` (sources, type checks), ``checks`` (the per-pair rules, shared
 pair filters), ``figures`` (length, similarity, judge figures, per category), ``probe``
 (the shortcut probe), ``report`` (HTML, files, comparison), ``run`` (:func:`audit`).
 
-Names are imported on first use, so ``pipeline.filters`` can use ``pipeline.audit.checks``
-without loading the report code.
+Names are imported on first use. The rules the checks apply live below this package, in
+``pipeline/rules/``, shared with the pair filters.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ _EXPORTS = {
     "PROBE_MIN_PAIRS": "probe",
     "_auc": "probe",
     "CHECKS": "checks",
-    "Rules": "checks",
     "run_checks": "checks",
 }
 

@@ -12,15 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.audit.checks import (
-    CHECKS,
-    PROBE_GATE,
-    Rules,
-    categories,
-    check_row,
-    check_set,
-    token_similarity,
-)
+from pipeline.audit.checks import CHECKS, PROBE_GATE, categories, check_row, check_set
 from pipeline.audit.load import check_types
 from pipeline.audit.probe import (
     PROBE_MIN_PAIRS,
@@ -31,6 +23,8 @@ from pipeline.audit.probe import (
 )
 from pipeline.errors import InputError
 from pipeline.fields import DIMENSIONS, row_id, words_and_count
+from pipeline.rules import Rules, token_similarity
+from pipeline.run.layout import RELEASE_SUMMARY
 
 # A rubric-blind judge for sets without judge columns: (question, answer A, answer B) ->
 # "A", "B" or "tie". The audit asks it in both orders.
@@ -230,7 +224,7 @@ def _agreement_figures(rows: Sequence[dict[str, Any]], path: Path) -> dict[str, 
         out["annotated_pairs"] = sum(n for k, n in verdicts.items() if k != "None")
         out["verdicts"] = {("not annotated" if k == "None" else k): n for k, n in verdicts.items()}
         out["mean_vote_share"] = round(sum(shares) / len(shares), 4) if shares else None
-    release = path / "release.json" if path.is_dir() else None
+    release = path / RELEASE_SUMMARY if path.is_dir() else None
     if release is not None and release.exists():
         try:
             data = json.loads(release.read_text(encoding="utf-8"))

@@ -18,6 +18,8 @@ from typing import Any
 from pipeline.errors import InputError
 from pipeline.fields import (
     ASPECT_FIELDS,
+    COVERAGE_MAX,
+    COVERAGE_MIN,
     DIMENSIONS,
     ORDERS,
     PREFERENCES,
@@ -27,11 +29,13 @@ from pipeline.fields import (
     TEXT_COLUMNS,
     is_number,
 )
+from pipeline.records import type_name as _type_name
+from pipeline.run import RunDir
+from pipeline.run.layout import RELEASE_ALL
 
 REQUIRED_COLUMNS = TEXT_COLUMNS
 # Lone surrogates survive json.loads but cannot be written as UTF-8 (or hashed).
 _SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
-_COVERAGE_MAX = 2
 
 
 class Where:
@@ -189,149 +193,21 @@ def _from_disk(path: Path, where: Where) -> list[dict[str, Any]]:
     return _from_table(path, ds.data.table, where)
 
 
-def _stage_files(stage: Path) -> list[Path]:
-    return sorted(stage.glob("data-*.jsonl"))
-
-
-def _from_pair_stage(run: Path, where: Where) -> tuple[list[dict[str, Any]], str]:
-    """The pair stage's kept pairs as release rows (the same columns ``prb publish``
-    writes, through its own ``build_row``), with ids, profiles and rubric aspects from
-    the ingest and rubric stages where those are on disk."""
+def _from_run(rd: RunDir, where: Where) -> tuple[list[dict[str, Any]], str]:
+    """A run without a release: its pair stage's kept pairs as release rows (the columns
+    ``prb publish`` writes, through its own ``build_row``), read through the run's verified
+    accessor (a damaged or unfinished stage is refused)."""
     from pipeline.publish import build_row
 
-    files = _stage_files(run / "pairs")
-    if not files:
-        raise InputError(
-            "the run has no release (publish/) and its pair stage has no kept pairs yet; "
-            "run the pipeline through the pairs stage first",
-            path=run / "pairs",
-        )
-    examples = {
-        r["example_id"]: r
-        for f in _stage_files(run / "ingest")
-        for _, r in _jsonl_objects(f)
-        if isinstance(r.get("example_id"), str)
-    }
-    rubrics = {
-        r["example_id"]: r
-        for f in _stage_files(run / "rubrics")
-        for _, r in _jsonl_objects(f)
-        if isinstance(r.get("example_id"), str)
-    }
     rows = []
-    for f in files:
-        for line_no, pair in _jsonl_objects(f):
-            _check_pair_row(pair, f, line_no)
-            ex = examples.get(pair["example_id"]) or {}
-            ex = {
-                "example_id": pair["example_id"],
-                "question": pair["question"],
-                "category": pair.get("category"),
-                **ex,
-            }
-            rub = rubrics.get(pair["example_id"]) or {
-                "items": [
-                    {**a, "item_id": None}
-                    for a in ex.get("rubric_aspects") or []
-                    if isinstance(a, Mapping)
-                ]
-            }
-            if not isinstance(rub.get("items"), list) or not all(
-                isinstance(it, Mapping) for it in rub["items"]
-            ):
-                rub = {"items": []}
-            try:
-                row = build_row(pair, ex, rub, None)
-            except (AttributeError, TypeError, KeyError, ValueError) as exc:
-                # a provenance block, a profile or a rubric item of an unexpected shape
-                raise InputError(
-                    f"this pair row (or its example or rubric) has an unexpected shape: "
-                    f"{type(exc).__name__}: {exc}; re-run the stage that wrote it",
-                    path=f,
-                    line=line_no,
-                ) from None
-            # the pair's own texts and category win over the ingest copy
-            row.update(question=pair["question"], category=pair.get("category", row["category"]))
-            where.add(f, line_no, by_line=True)
-            rows.append(row)
-    done = (run / "pairs" / "_DONE.json").exists()
+    for path, line, rec in rd.numbered_pair_records():
+        where.add(path, line, by_line=True)
+        rows.append(build_row(rec, None))
     note = (
         "this run has no release (publish/): auditing the pair stage's kept pairs "
-        f"({run / 'pairs'})" + ("" if done else "; the pair stage has not finished")
+        f"({rd.stage('pairs').path})"
     )
     return rows, note
-
-
-def _check_pair_row(pair: dict[str, Any], path: Path, line: int) -> None:
-    """The fields of a pair-stage row that the audit reads, with their types."""
-
-    def bad(field: str, expected: str, value: Any) -> InputError:
-        return InputError(
-            f"'{field}' must be {expected}, got {_type_name(value)}",
-            path=path,
-            line=line,
-            field=field,
-        )
-
-    for col in ("pair_id", "example_id", *TEXT_COLUMNS):
-        if not isinstance(pair.get(col), str):
-            raise bad(col, "a string", pair.get(col))
-    judge = pair.get("judge")
-    if judge is None:
-        return
-    if not isinstance(judge, dict):
-        raise bad("judge", "an object", judge)
-    for key in ("quality", "coverage", "pairwise"):
-        part = judge.get(key)
-        if part is not None and not isinstance(part, dict):
-            raise bad(f"judge.{key}", "an object", part)
-    for side in ("chosen", "rejected"):
-        q = (judge.get("quality") or {}).get(side)
-        if q is not None:
-            if not isinstance(q, dict):
-                raise bad(f"judge.quality.{side}", "an object", q)
-            _check_quality(q, f"judge.quality.{side}", bad)
-        cov = (judge.get("coverage") or {}).get(side)
-        if cov is not None:
-            if not isinstance(cov, dict):
-                raise bad(f"judge.coverage.{side}", "an object of item scores", cov)
-            for item, score in cov.items():
-                if not is_number(score) or not 0 <= score <= _COVERAGE_MAX:
-                    raise bad(f"judge.coverage.{side}.{item}", "a number 0-2", score)
-    for kind, v in (judge.get("pairwise") or {}).items():
-        if not isinstance(v, dict):
-            raise bad(f"judge.pairwise.{kind}", "an object", v)
-        for order, verdict in v.items():
-            if verdict is not None and not isinstance(verdict, dict):
-                raise bad(f"judge.pairwise.{kind}.{order}", "an object", verdict)
-            prefers = (verdict or {}).get("prefers")
-            if prefers is not None and prefers not in PREFERENCES:
-                raise bad(
-                    f"judge.pairwise.{kind}.{order}.prefers", " / ".join(PREFERENCES), prefers
-                )
-    for col in ("user_id", "category"):
-        v = pair.get(col)
-        if v is not None and not isinstance(v, str | int):
-            raise bad(col, "a string", v)
-
-
-def _check_quality(q: Mapping[str, Any], field: str, bad: Any) -> None:
-    for d in DIMENSIONS:
-        v = q.get(d)
-        if v is not None and (not is_number(v) or not QUALITY_MIN <= v <= QUALITY_MAX):
-            raise bad(f"{field}.{d}", f"a score {QUALITY_MIN}-{QUALITY_MAX}", v)
-
-
-def _type_name(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return f"{str(v).lower()} (a boolean)"
-    if isinstance(v, str):
-        return f"the string {v[:30]!r}"
-    if isinstance(v, int | float):
-        return f"{v!r}"
-    return {"list": "a list", "dict": "an object"}.get(type(v).__name__, type(v).__name__)
 
 
 def load_pairs(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -349,13 +225,15 @@ def load_pairs(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         return rows, {"path": str(p), "format": fmt, **extra, "_where": where}
 
     if path.is_dir():
-        if (path / "publish" / "all").is_dir():  # a run directory with a release
-            path = path / "publish"
-        elif (path / "pairs").is_dir() and not (path / "all").is_dir():  # a run, unpublished
-            rows, note = _from_pair_stage(path, where)
-            return described(rows, path, "pairs_stage", note=note)
-        if (path / "all").is_dir():
-            return described(_from_parquet(path / "all", where), path, "release")
+        rd = RunDir(path)
+        if rd.is_run():
+            if rd.has_release():  # a run directory with a release
+                path = rd.release_dir
+            else:  # a run, unpublished
+                rows, note = _from_run(rd, where)
+                return described(rows, path, "pairs_stage", note=note)
+        if (path / RELEASE_ALL).is_dir():
+            return described(_from_parquet(path / RELEASE_ALL, where), path, "release")
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             return described(_from_disk(path, where), path, "save_to_disk")
         if any(path.glob("*.parquet")):
@@ -443,8 +321,8 @@ def check_types(rows: list[dict[str, Any]], source: Mapping[str, Any]) -> None:
             "coverage_rejected_violated_mean",
         ):
             v = r.get(col)
-            if v is not None and (not is_number(v) or not 0 <= v <= _COVERAGE_MAX):
-                raise err(i, col, "a number 0-2 or null", v)
+            if v is not None and (not is_number(v) or not COVERAGE_MIN <= v <= COVERAGE_MAX):
+                raise err(i, col, f"a number {COVERAGE_MIN}-{COVERAGE_MAX} or null", v)
         for col in ("pairwise_aware", "pairwise_blind"):
             v = r.get(col)
             if v is None:

@@ -8,11 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.audit.checks import CHECKS, PROBE_GATE, Rules
+from pipeline.audit.checks import CHECKS, PROBE_GATE
 from pipeline.audit.figures import Judge, analyse
 from pipeline.audit.load import load_pairs
 from pipeline.audit.report import flags_jsonl, render_html, write_files
 from pipeline.errors import InputError, PipelineError
+from pipeline.rules import Rules
+from pipeline.run import RunDir, run_of
 
 GATE_ANY = "any"
 # The exit code of `prb audit --fail-on` when the gate fails (1 is an error, 2 a usage error).
@@ -56,13 +58,9 @@ def gate(fig: dict[str, Any], fail_on: set[str] | None) -> list[str]:
     return out
 
 
-def _run_config_path(path: Path, source: dict[str, Any]) -> Path | None:
-    """run.yaml of the run a source belongs to (a run directory or its publish folder)."""
-    base = Path(source["path"])
-    for cand in (base / "run.yaml", base.parent / "run.yaml", path / "run.yaml"):
-        if cand.is_file():
-            return cand
-    return None
+def _run_of(path: Path, source: dict[str, Any]) -> RunDir | None:
+    """The run a source belongs to (a run directory, or its release folder), if any."""
+    return run_of(Path(source["path"])) or run_of(path)
 
 
 def resolve_rules(
@@ -80,12 +78,12 @@ def resolve_rules(
     elif config is not None:
         cfg, origin = load_config(Path(config)), str(config)
     else:
-        run_yaml = _run_config_path(path, source)
-        if run_yaml is not None:
+        rd = _run_of(path, source)
+        if rd is not None and rd.config_path.is_file():
             try:
-                cfg, origin = load_config(run_yaml), str(run_yaml)
+                cfg, origin = rd.load_config(), str(rd.config_path)
             except PipelineError:
-                origin = f"the config defaults ({run_yaml} could not be read)"
+                origin = f"the config defaults ({rd.config_path} could not be read)"
     rules = (
         Rules.from_config(cfg.pairs, cfg.responses.word_cap)
         if cfg is not None
@@ -100,12 +98,10 @@ def resolve_rules(
 
 
 def _default_out(path: Path, source: dict[str, Any]) -> Path:
-    if source.get("format") == "pairs_stage":
-        return path / "report"
-    if path.is_dir() and (path / "publish" / "all").is_dir():
-        return path / "report"
-    if path.is_dir() and (path.parent / "run.yaml").exists():
-        return path.parent / "report"  # a run's release: the run's report folder
+    """A run's report/ folder for a run or its release; else beside the input."""
+    rd = _run_of(path, source)
+    if rd is not None:
+        return rd.report_dir
     return path.with_name(f"{path.stem if path.is_file() else path.name}-audit")
 
 

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.cliargs import add_set_option
+from pipeline.fields import show, show_ci
+
 SETTING_NAMES = ("question", "profile", "rubric")
 
 EPILOG = """\
@@ -70,14 +73,7 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
         type=Path,
         help="a run config: its backend (judges) and profile selection (default: built-in)",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a config field, e.g. --set backend.name=vllm --set profile.top_k=5",
-    )
+    add_set_option(p, "backend.name=vllm --set profile.top_k=5")
     p.add_argument("--limit", type=int, help="evaluate only the first N pairs")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
@@ -88,26 +84,11 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from pipeline.config import Config, apply_overrides, load_config
+    from pipeline.config import config_from_overrides, load_config
 
     if args.config is not None:
         return load_config(args.config, args.overrides)
-    from pydantic import ValidationError
-
-    from pipeline.config import _format_validation
-
-    try:
-        return Config.model_validate(apply_overrides({}, args.overrides))
-    except ValidationError as err:
-        raise _format_validation(err, "--set") from None
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def _ci(ci: list[float] | None) -> str:
-    return "n/a" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+    return config_from_overrides(args.overrides)
 
 
 def print_table(all_results: list[dict[str, Any]], out: Any = None) -> None:
@@ -123,8 +104,8 @@ def print_table(all_results: list[dict[str, Any]], out: Any = None) -> None:
             m = block["metrics"]
             mark = "*" if block["role"] == "control" else ""
             line = (
-                f"{name:34s} {setting + mark:9s} {_fmt(m['accuracy']):>8s}  {_ci(m['ci95']):16s} "
-                f"{m['ties']:>5d} {m['failed']:>6d}"
+                f"{name:34s} {setting + mark:9s} {show(m['accuracy']):>8s}  "
+                f"{show_ci(m['ci95']):16s} {m['ties']:>5d} {m['failed']:>6d}"
             )
             pos = m.get("position")
             if pos and pos.get("consistency") is not None:
@@ -133,7 +114,7 @@ def print_table(all_results: list[dict[str, Any]], out: Any = None) -> None:
         gain = res.get("profile_gain")
         if gain and gain.get("gain") is not None:
             print(
-                f"{'':34s} profile gain {gain['gain']:+.3f} {_ci(gain['ci95'])} over "
+                f"{'':34s} profile gain {gain['gain']:+.3f} {show_ci(gain['ci95'])} over "
                 f"{gain['pairs']} pairs",
                 file=out,
             )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
@@ -72,31 +71,6 @@ def _pair_key(row: dict[str, Any], index: int) -> str:
         if isinstance(row.get(col), str) and row[col]:
             return row[col]
     return f"row-{index}"
-
-
-def enrich_from_run(rows: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
-    """Rows of a run's pair stage carry no profile or rubric: take them from the run's
-    ingest and rubrics stages by ``example_id``. Other sources are returned unchanged."""
-    run = path if (path / "ingest").is_dir() else path.parent
-    if not rows or all("profile" in r for r in rows) or not (run / "ingest").is_dir():
-        return rows
-    if not all(isinstance(r.get("example_id"), str) for r in rows):
-        return rows
-    from pipeline.rundir import RunDir
-
-    rd = RunDir(run)
-    examples = {e["example_id"]: e for e in rd.stage("ingest").rows()}
-    rubrics = {}
-    if (run / "rubrics").is_dir():
-        rubrics = {r["example_id"]: r for r in rd.stage("rubrics").rows()}
-    out = []
-    for r in rows:
-        ex = examples.get(r["example_id"], {})
-        items = (rubrics.get(r["example_id"]) or {}).get("items") or ex.get("rubric_aspects")
-        out.append(
-            {**r, "profile": r.get("profile", ex.get("profile")), "rubric_aspects": items or []}
-        )
-    return out
 
 
 def build_pairs(

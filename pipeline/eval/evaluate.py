@@ -18,7 +18,6 @@ from pipeline.eval.data import (
     SETTINGS,
     EvalPair,
     build_pairs,
-    enrich_from_run,
     fingerprint,
     usable_settings,
     user_turn,
@@ -200,8 +199,8 @@ def load_split(
     from pipeline.audit import load_pairs
 
     path = Path(path)
+    # a run's pairs come as full records (profile and rubric included), like a release's
     rows, source = load_pairs(path)
-    rows = enrich_from_run(list(rows), path)
     if limit:
         rows = rows[:limit]
     p = cfg.profile

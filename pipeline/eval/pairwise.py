@@ -160,9 +160,10 @@ def run_judge(
     from pipeline.backends.factory import make_backend
     from pipeline.cache import RequestCache
     from pipeline.llm import LLMRunner
+    from pipeline.run.layout import CACHE
 
     model = spec.target or cfg.judge.model or cfg.backend.model
-    cache_path = out_dir / "cache.sqlite"
+    cache_path = out_dir / CACHE  # the judge's own cache, beside its results
 
     async def go() -> tuple[dict[str, JudgeOutcome], dict[str, Any]]:
         backend = make_backend(cfg.backend, cache_path, cfg.resolve_input)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.eval.results import RESULTS_FILE, default_root
-from pipeline.fields import show
+from pipeline.fields import show, show_ci
 
 
 def find_eval_results(path: str | Path) -> list[dict[str, Any]]:
@@ -39,10 +39,6 @@ def find_eval_results(path: str | Path) -> list[dict[str, Any]]:
     return found
 
 
-def _ci(ci: Any) -> str:
-    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if isinstance(ci, list) and len(ci) == 2 else "n/a"
-
-
 def render_eval_html(results: list[dict[str, Any]]) -> str:
     """One ``<section>`` with a row per (scorer, setting); controls marked as such."""
     e = html.escape
@@ -65,13 +61,13 @@ def render_eval_html(results: list[dict[str, Any]]) -> str:
             pos = (m.get("position") or {}).get("consistency")
             g = ""
             if setting == "profile" and gain.get("gain") is not None:
-                g = f"{gain['gain']:+.3f} {_ci(gain.get('ci95'))}"
+                g = f"{gain['gain']:+.3f} {show_ci(gain.get('ci95'))}"
             label = f"{setting} (control, not a score)" if control else setting
             cells = [
                 scorer.get("name", scorer.get("slug", "?")),
                 label,
                 show(m.get("accuracy")),
-                _ci(m.get("ci95")),
+                show_ci(m.get("ci95")),
                 show(m.get("ties")),
                 show(m.get("failed")),
                 show(m.get("pairs")),

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.fields import show
+from pipeline.fields import show, show_ci
 from pipeline.io import write_json_atomic, write_jsonl_atomic, write_text_atomic
+from pipeline.run import run_of
 
 RESULTS_FILE = "results.json"
 SCORES_FILE = "scores.jsonl"
@@ -29,21 +30,12 @@ LEADERBOARD_MD = "leaderboard.md"
 SCHEMA_VERSION = 1
 
 
-def _run_of(path: Path) -> Path | None:
-    """The run directory ``path`` is, or holds the release of; None if neither."""
-    if path.is_dir() and ((path / "run.yaml").exists() or (path / "publish" / "all").is_dir()):
-        return path
-    if path.is_dir() and (path.parent / "run.yaml").exists():
-        return path.parent  # <run>/publish or <run>/pairs
-    return None
-
-
 def default_root(path: str | Path) -> Path:
     """Where ``prb eval`` writes for a split at ``path`` (and where the audit looks)."""
     path = Path(path)
-    run = _run_of(path)
+    run = run_of(path)
     if run is not None:
-        return run / "eval"
+        return run.eval_dir
     name = path.stem if path.is_file() else path.name
     return path.with_name(f"{name}-eval")
 
@@ -76,10 +68,6 @@ def leaderboard_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _ci(ci: list[float] | None) -> str:
-    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "n/a"
-
-
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -94,13 +82,13 @@ def render_leaderboard(rows: list[dict[str, Any]]) -> str:
     def line(r: dict[str, Any]) -> str:
         gain = ""
         if r["profile_gain"] is not None:
-            gain = f"{r['profile_gain']:+.3f} {_ci(r['profile_gain_ci95'])}"
+            gain = f"{r['profile_gain']:+.3f} {show_ci(r['profile_gain_ci95'])}"
         cells = [
             r["name"],
             r["kind"],
             r["setting"],
             show(r["accuracy"]),
-            _ci(r["ci95"]),
+            show_ci(r["ci95"]),
             show(r["ties"]),
             show(r["failed"]),
             show(r["pairs"]),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -13,7 +14,7 @@ from pipeline.cache import RequestCache
 from pipeline.config import Config
 from pipeline.errors import StageError
 from pipeline.llm import LLMRunner
-from pipeline.rundir import RunDir, StageDir
+from pipeline.run import RunDir, StageDir
 
 
 @dataclass
@@ -63,9 +64,12 @@ class Stage(abc.ABC):
 
     name: ClassVar[str]
     requires: ClassVar[tuple[str, ...]] = ()
-    # Column contract: fields this stage reads from each upstream stage and writes itself.
-    reads: ClassVar[dict[str, set[str]]] = {}
-    writes: ClassVar[set[str]] = set()
+    # Column contract: the fields this stage reads from each upstream stage, declared here
+    # by the reader (never imported from the producer), and the fields it writes itself.
+    # `prb run` checks every read against the producer's writes before any work starts
+    # (pipeline.orchestrate.check_contracts), and a stage's first shard against its writes.
+    reads: ClassVar[Mapping[str, AbstractSet[str]]] = {}
+    writes: ClassVar[AbstractSet[str]] = frozenset()
     # False: a stage cut short is re-done from its start (no LLM calls, cheap) instead of
     # resumed from its shards
     resumable: ClassVar[bool] = True

@@ -1,4 +1,9 @@
-"""ingest: read the configured input into the ``examples`` contract, all or nothing."""
+"""ingest: read the configured input into the ``examples`` contract, all or nothing.
+
+Each example also gets its ``profile_view``: the indices of its ``profile.top_k`` most
+relevant past posts under the configured ranker, most relevant first. It is computed here,
+once, and every later step (rubric generation, the answers' prompts, the pair record, the
+annotation tasks) reads it instead of ranking again."""
 
 from __future__ import annotations
 
@@ -8,19 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.rundir import StageDir
+from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
 
-EXAMPLE_FIELDS = {
-    "example_id",
-    "source_id",
-    "user_id",
-    "question",
-    "category",
-    "profile",
-    "narrative",
-    "rubric_aspects",
-}
+EXAMPLE_FIELDS = frozenset(
+    {
+        "example_id",
+        "source_id",
+        "user_id",
+        "question",
+        "category",
+        "profile",
+        "profile_view",
+        "narrative",
+        "rubric_aspects",
+    }
+)
 
 
 def _file_digest(path: Path) -> str:
@@ -49,7 +57,22 @@ class IngestStage(Stage):
 
     def settings(self, ctx: Context) -> dict[str, Any]:
         digests = {str(p): _file_digest(p) for p in self._inputs(ctx) if p.exists()}
-        return {"input": ctx.config.input.model_dump(mode="json"), "input_digests": digests}
+        return {
+            "input": ctx.config.input.model_dump(mode="json"),
+            "input_digests": digests,
+            "profile": ctx.config.profile.model_dump(mode="json"),
+        }
+
+    @staticmethod
+    def profile_view(ctx: Context, example: dict[str, Any]) -> dict[str, Any]:
+        """The configured ranker's top posts of one example (indices into its profile)."""
+        from pipeline.profile import rank_profile
+
+        p = ctx.config.profile
+        order = rank_profile(
+            example["question"], example["profile"], p.top_k, p.ranker, p.embedding_model
+        )
+        return {"ranker": p.ranker, "top_k": p.top_k, "order": order}
 
     def expected(self, ctx: Context) -> int:
         """Non-blank lines of a JSONL input (cheap: nothing is parsed; the run validates);
@@ -83,6 +106,7 @@ class IngestStage(Stage):
                 cats[str(r.get("category"))] = cats.get(str(r.get("category")), 0) + 1
                 if r["example_id"] in done:
                     continue
+                r["profile_view"] = self.profile_view(ctx, r)
                 buffer.append(r)
                 if len(buffer) >= chunk:
                     out.write_shard(buffer)

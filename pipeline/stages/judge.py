@@ -29,16 +29,15 @@ from typing import Any
 
 from pipeline import schemas
 from pipeline.chat import ChatRequest
-from pipeline.fields import DIMENSIONS
+from pipeline.fields import DIMENSIONS, ORDERS
 from pipeline.ids import content_hash, pair_id
 from pipeline.io import dumps_sorted
 from pipeline.llm import Answer, Failure, Job, LLMRunner
 from pipeline.prompts import load_template
-from pipeline.rundir import StageDir
+from pipeline.rules.verdicts import a_side, margin, shown_side
+from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
-from pipeline.stages.ingest import EXAMPLE_FIELDS
-from pipeline.stages.responses import CANDIDATE_FIELDS
-from pipeline.stages.rubrics import RUBRIC_FIELDS
+from pipeline.stages.scaffold import ExampleLoop, OpenExample
 
 TEMPLATES = {
     "quality": "judge_quality",
@@ -52,55 +51,35 @@ SCHEMA_NAMES = {
     "pairwise_aware": "PairwiseVerdict",
     "pairwise_blind": "PairwiseVerdict",
 }
-JUDGE_FIELDS = {"example_id", "quality", "coverage", "pairwise"}
-ORDERS = ("AB", "BA")
+JUDGE_FIELDS = frozenset({"example_id", "quality", "coverage", "pairwise"})
 # the kind of the judge's finished rows in the cache's derived table; bump the version
 # when a row's layout changes
 MEMO_KIND = "judge_row/1"
 
 
-def pointwise_margin(
-    chosen_cov: dict[str, int] | None,
-    rejected_cov: dict[str, int] | None,
-    violated: list[str],
-    q_chosen: dict | None,
-    q_rejected: dict | None,
-) -> float:
-    """How promising a pair looks before the pairwise judge: the chosen answer's mean
-    coverage minus the rejected answer's mean coverage of the items it should violate,
-    less a quarter point per unit of the largest quality difference."""
-    if not chosen_cov or not rejected_cov or not q_chosen or not q_rejected:
-        return float("-inf")
-    cov_c = sum(chosen_cov.values()) / len(chosen_cov)
-    v = [rejected_cov.get(i, 0) for i in violated] or [0]
-    cov_r = sum(v) / len(v)
-    gap = max(abs(q_chosen[d] - q_rejected[d]) for d in DIMENSIONS)
-    return cov_c - cov_r - 0.25 * gap
-
-
 @dataclass
-class _Open:
-    """An example whose verdicts are in flight."""
+class _Judged:
+    """What an example in flight keeps: its candidates and the verdicts so far."""
 
-    example_id: str
     question: str
     items: list[dict[str, str]]
     cands: list[dict]
+    memo_key: str
     quality: dict[str, dict] = field(default_factory=dict)
     coverage: dict[str, dict] = field(default_factory=dict)
     pairs: list[dict] = field(default_factory=list)
-    outstanding: int = 0
-    pending: bool = False
-    memo_key: str = ""
-    requests: int = 0  # jobs of this example (pointwise and pairwise)
-    reasks: int = 0
-    failed: bool = False  # a verdict stayed invalid: the row is written, never memoized
 
 
 class JudgeStage(Stage):
     name = "judge"
     requires = ("responses",)
-    reads = {"ingest": EXAMPLE_FIELDS, "rubrics": RUBRIC_FIELDS, "responses": CANDIDATE_FIELDS}
+    reads = {
+        "ingest": frozenset({"example_id", "question"}),
+        "rubrics": frozenset({"example_id", "items"}),
+        "responses": frozenset(
+            {"candidate_id", "example_id", "side", "text", "violates", "strategy"}
+        ),
+    }
     writes = JUDGE_FIELDS | {"provenance"}
 
     def uses_llm(self, ctx: Context) -> bool:
@@ -164,15 +143,12 @@ class JudgeStage(Stage):
         max_tokens: int | None = None,
         **variables: Any,
     ) -> ChatRequest:
-        s = ctx.config.judge.sampling
-        return ChatRequest(
-            messages=load_template(TEMPLATES[kind]).render(**variables),
-            model=self.model(ctx),
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_tokens=max_tokens or s.max_tokens,
-            n=1,
+        return ChatRequest.sampled(
+            load_template(TEMPLATES[kind]).render(**variables),
+            self.model(ctx),
+            ctx.config.judge.sampling,
             seed=ctx.config.run.seed,
+            max_tokens=max_tokens,
             json_schema=schema,
             schema_name=SCHEMA_NAMES[kind],
         )
@@ -184,37 +160,40 @@ class JudgeStage(Stage):
 
         return validate
 
-    def _pointwise_jobs(self, ctx: Context, st: _Open) -> Iterator[Job]:
+    def _pointwise_jobs(self, ctx: Context, ex: _Judged) -> list[Job]:
         c = ctx.config
         m, cap = c.judge.sampling.max_tokens, c.judge.rationale_max_chars
         q_schema = schemas.quality_schema(m, cap)
-        ids = [it["item_id"] for it in st.items]
+        ids = [it["item_id"] for it in ex.items]
         c_schema, c_tokens = schemas.coverage_schema(ids, m, cap)
-        for cand in st.cands:
+        jobs = []
+        for cand in ex.cands:
             cid = cand["candidate_id"]
-            req = self._request(ctx, "quality", q_schema, question=st.question, answer=cand["text"])
-            yield Job(req, (st.example_id, "quality", cid), self._validator(q_schema))
+            req = self._request(ctx, "quality", q_schema, question=ex.question, answer=cand["text"])
+            jobs.append(Job(req, ("quality", cid), self._validator(q_schema)))
             req = self._request(
                 ctx, "coverage", c_schema, c_tokens,
-                question=st.question, answer=cand["text"], items=st.items,
+                question=ex.question, answer=cand["text"], items=ex.items,
             )  # fmt: skip
-            yield Job(req, (st.example_id, "coverage", cid), self._validator(c_schema))
+            jobs.append(Job(req, ("coverage", cid), self._validator(c_schema)))
+        return jobs
 
-    def _pairwise_jobs(self, ctx: Context, st: _Open) -> list[Job]:
+    def _pairwise_jobs(self, ctx: Context, ex: _Judged) -> list[Job]:
         c = ctx.config
         p_schema = schemas.pairwise_schema(c.judge.sampling.max_tokens, c.judge.rationale_max_chars)
         validate = self._validator(p_schema)
-        texts = {cand["candidate_id"]: cand["text"] for cand in st.cands}
+        texts = {cand["candidate_id"]: cand["text"] for cand in ex.cands}
         jobs = []
-        for pi, pair in enumerate(st.pairs):
+        for pi, pair in enumerate(ex.pairs):
             ch, rj = texts[pair["chosen_id"]], texts[pair["rejected_id"]]
             for kind in ("pairwise_aware", "pairwise_blind"):
-                extra: dict[str, Any] = {"items": st.items} if kind == "pairwise_aware" else {}
-                for order, (a, b) in zip(ORDERS, ((ch, rj), (rj, ch)), strict=True):
+                extra: dict[str, Any] = {"items": ex.items} if kind == "pairwise_aware" else {}
+                for order in ORDERS:
+                    a, b = (ch, rj) if a_side(order) == "chosen" else (rj, ch)
                     req = self._request(
-                        ctx, kind, p_schema, question=st.question, answer_a=a, answer_b=b, **extra
+                        ctx, kind, p_schema, question=ex.question, answer_a=a, answer_b=b, **extra
                     )
-                    jobs.append(Job(req, (st.example_id, "pair", (pi, kind, order)), validate))
+                    jobs.append(Job(req, ("pair", (pi, kind, order)), validate))
         return jobs
 
     # ---- the stage ---------------------------------------------------------------------
@@ -227,7 +206,6 @@ class JudgeStage(Stage):
             r["example_id"]: [{"item_id": i["item_id"], "aspect": i["aspect"]} for i in r["items"]]
             for r in self.input_rows(ctx, "rubrics")
         }
-        open_examples: dict[str, _Open] = {}
         n_examples = self.expected(ctx) - len(done)
         salt = self.memo_salt(ctx)
 
@@ -243,28 +221,20 @@ class JudgeStage(Stage):
             if current:
                 yield current
 
-        buffer: list[dict] = []
         memo_new: list[tuple[str, str, Any]] = []
         memo_hits = 0
-        pending = 0
-        chunk = c.responses.chunk_size
         # progress: the pointwise requests (two per candidate) are known from the config;
         # the pairwise ones are counted as they are pushed
         per_example = 2 * c.responses.n * (1 + len(c.responses.strategies))
 
-        def flush() -> None:
-            nonlocal buffer, memo_new
-            if buffer:
-                out.write_shard(buffer)  # the rows first: a memo never precedes its row
-                buffer = []
+        def store_memos() -> None:
+            # after the rows' shard is written: a memo never precedes its row
+            nonlocal memo_new
             if memo_new:
                 ctx.cache.put_derived_many(memo_new)
                 memo_new = []
 
-        def emit(row: dict[str, Any]) -> None:
-            buffer.append(row)
-            if len(buffer) >= chunk:
-                flush()
+        loop = ExampleLoop(out, c.responses.chunk_size, after_flush=store_memos)
 
         def jobs(runner: LLMRunner) -> Iterator[Job]:
             nonlocal memo_hits
@@ -283,61 +253,38 @@ class JudgeStage(Stage):
                     if memo is not None:
                         runner.replayed(memo["requests"], memo["reasks"], expected=per_example)
                         memo_hits += 1
-                        emit(memo["row"])
+                        loop.emit([memo["row"]])
                         continue
-                    st = _Open(
-                        ex_id, questions[ex_id], items[ex_id], cs,
-                        outstanding=2 * len(cs), memo_key=mkey, requests=2 * len(cs),
-                    )  # fmt: skip
-                    open_examples[ex_id] = st
-                    yield from self._pointwise_jobs(ctx, st)
+                    ex = _Judged(questions[ex_id], items[ex_id], cs, mkey)
+                    yield from loop.start(ex_id, self._pointwise_jobs(ctx, ex), ex)
                 block = []
 
-        try:
-            async with ctx.llm(self.name) as runner:
-                async for (ex_id, kind, key), outcome in runner.run(
-                    jobs(runner), total=n_examples * per_example
-                ):
-                    st = open_examples[ex_id]
-                    if isinstance(outcome, Failure):
-                        if outcome.final:
-                            st.failed = True
-                        else:
-                            st.pending = True  # retried on the next run
-                    else:
-                        st.reasks += outcome.reasks
-                    if st.pending:
-                        pass  # nothing of it is written this run
-                    elif kind == "pair":
-                        self._record_pairwise(st, key, outcome)
-                    else:
-                        target = st.quality if kind == "quality" else st.coverage
-                        target[key] = self._pointwise_row(kind, outcome)
-                    st.outstanding -= 1
-                    if st.outstanding:
-                        continue
-                    if kind != "pair" and not st.pending:
-                        # pointwise complete: ask for the shortlist's pairwise verdicts
-                        st.pairs = self._shortlist(ctx, st)
-                        follow = self._pairwise_jobs(ctx, st)
-                        if follow:
-                            st.outstanding = len(follow)
-                            st.requests += len(follow)
-                            for job in follow:
-                                runner.push(job)
-                            continue
-                    del open_examples[ex_id]
-                    if st.pending:
-                        pending += 1
-                        continue
-                    row = self._row(ctx, st)
-                    if not st.failed:
-                        memo = {"row": row, "requests": st.requests, "reasks": st.reasks}
-                        memo_new.append((st.memo_key, MEMO_KIND, memo))
-                    emit(row)
-                llm_stats = runner.stats.as_dict()
-        finally:
-            flush()  # finished examples are kept, also when the stage stops early
+        def on_outcome(st: OpenExample, key: tuple, outcome: Answer | Failure) -> list[Job]:
+            ex: _Judged = st.state
+            kind, what = key
+            if kind == "pair":
+                self._record_pairwise(ex, what, outcome)
+                return []
+            target = ex.quality if kind == "quality" else ex.coverage
+            target[what] = self._pointwise_row(kind, outcome)
+            if st.outstanding > 1:
+                return []
+            # the last pointwise verdict is in: ask for the shortlist's pairwise verdicts
+            ex.pairs = self._shortlist(ctx, st.example_id, ex)
+            return self._pairwise_jobs(ctx, ex)
+
+        def on_complete(st: OpenExample) -> tuple[list[dict], list[dict]]:
+            row = self._row(ctx, st.example_id, st.state)
+            if not st.failed:  # a verdict that stayed invalid is asked again next time
+                memo = {"row": row, "requests": st.requests, "reasks": st.reasks}
+                memo_new.append((st.state.memo_key, MEMO_KIND, memo))
+            return [row], []
+
+        async with ctx.llm(self.name) as runner:
+            await loop.drive(
+                runner, jobs(runner), on_outcome, on_complete, total=n_examples * per_example
+            )
+            llm_stats = runner.stats.as_dict()
 
         examples = candidates = pairs_judged = parse_failures = 0
         for r in out.rows():
@@ -353,26 +300,24 @@ class JudgeStage(Stage):
             "pairs_judged": pairs_judged,
             "parse_failures": parse_failures,
             "resumed_examples": len(done),
-            "pending_examples": pending,
+            "pending_examples": loop.pending,
             "rows_from_cache": memo_hits,
             "llm": llm_stats,
         }
 
     @staticmethod
-    def _record_pairwise(st: _Open, key: tuple, outcome: Answer | Failure) -> None:
+    def _record_pairwise(ex: _Judged, key: tuple, outcome: Answer | Failure) -> None:
         pi, kind, order = key
-        verdicts = st.pairs[pi].setdefault(kind, {})
+        verdicts = ex.pairs[pi].setdefault(kind, {})
         if isinstance(outcome, Failure):
             verdicts[order] = {"parse_ok": False, "error": outcome.reason[:300]}
             return
         v = outcome.parsed[0]
         # map the position back to the pair's sides
-        prefers = {"tie": "tie"}
-        prefers["A"] = "chosen" if order == "AB" else "rejected"
-        prefers["B"] = "rejected" if order == "AB" else "chosen"
+        winner = v["winner"]
         verdicts[order] = {
-            "winner": v["winner"],
-            "prefers": prefers[v["winner"]],
+            "winner": winner,
+            "prefers": "tie" if winner == "tie" else shown_side(winner, a_side(order)),
             "rationale": v["rationale"],
             "parse_ok": True,
             "request_key": outcome.request.key,
@@ -397,24 +342,25 @@ class JudgeStage(Stage):
             row["rationale"] = dict(v["rationales"])
         return row
 
-    def _shortlist(self, ctx: Context, st: _Open) -> list[dict]:
-        chosen = [c for c in st.cands if c["side"] == "chosen"]
-        rejected = [c for c in st.cands if c["side"] == "rejected"]
+    def _shortlist(self, ctx: Context, example_id: str, ex: _Judged) -> list[dict]:
+        chosen = [c for c in ex.cands if c["side"] == "chosen"]
+        rejected = [c for c in ex.cands if c["side"] == "rejected"]
         scored = []
         for ch in chosen:
             for rj in rejected:
-                qc, qr = st.quality.get(ch["candidate_id"]), st.quality.get(rj["candidate_id"])
-                cc, cr = st.coverage.get(ch["candidate_id"]), st.coverage.get(rj["candidate_id"])
+                qc, qr = ex.quality.get(ch["candidate_id"]), ex.quality.get(rj["candidate_id"])
+                cc, cr = ex.coverage.get(ch["candidate_id"]), ex.coverage.get(rj["candidate_id"])
                 if qc and qr and cc and cr and all(x.get("parse_ok") for x in (qc, qr, cc, cr)):
-                    margin = pointwise_margin(cc["scores"], cr["scores"], rj["violates"], qc, qr)
+                    # before the pairwise verdicts: the margin without its blind term
+                    m = margin(cc["scores"], cr["scores"], rj["violates"], qc, qr)
                 else:
-                    margin = float("-inf")
-                scored.append((-margin, ch["candidate_id"], rj["candidate_id"], margin))
+                    m = float("-inf")
+                scored.append((-m, ch["candidate_id"], rj["candidate_id"], m))
         scored.sort()
         k = ctx.config.judge.max_pairs_per_example
         return [
             {
-                "pair_id": pair_id(st.example_id, c_id, r_id),
+                "pair_id": pair_id(example_id, c_id, r_id),
                 "chosen_id": c_id,
                 "rejected_id": r_id,
                 "pointwise_margin": None if m == float("-inf") else round(m, 4),
@@ -422,13 +368,13 @@ class JudgeStage(Stage):
             for _, c_id, r_id, m in scored[:k]
         ]
 
-    def _row(self, ctx: Context, st: _Open) -> dict[str, Any]:
-        ids = [c["candidate_id"] for c in st.cands]
+    def _row(self, ctx: Context, example_id: str, ex: _Judged) -> dict[str, Any]:
+        ids = [c["candidate_id"] for c in ex.cands]
         return {
-            "example_id": st.example_id,
-            "quality": {i: st.quality[i] for i in ids if i in st.quality},
-            "coverage": {i: st.coverage[i] for i in ids if i in st.coverage},
-            "pairwise": st.pairs,
+            "example_id": example_id,
+            "quality": {i: ex.quality[i] for i in ids if i in ex.quality},
+            "coverage": {i: ex.coverage[i] for i in ids if i in ex.coverage},
+            "pairwise": ex.pairs,
             "provenance": {
                 "model": self.model(ctx),
                 "sampling": ctx.config.judge.sampling.model_dump(),

@@ -2,13 +2,14 @@
 
 Each judged combination runs through the configured filters in order; the first filter
 that drops it gives its reason. Of the combinations that pass, the one with the best
-margin is kept. An example none of whose combinations pass is dropped with the reason
-of the combination that got furthest, and every combination's reason is kept on disk.
-Set-level filters (near-duplicates across the set) run last over the kept pairs.
+margin (``pipeline.rules.verdicts.margin``) is kept; ties go to the smaller pair id. An
+example none of whose combinations pass is dropped with the reason of the combination that
+got furthest, and every combination's reason is kept on disk. Set-level filters
+(near-duplicates across the set) run last over the kept pairs.
 
-Margin = the chosen answer's mean coverage minus the rejected answer's mean coverage of
-its violated items, plus a quarter point for each rubric-blind verdict that does not
-prefer the chosen, minus a quarter point per unit of the largest quality gap.
+A kept pair is written as a full pair record (``pipeline/records.py``): the example, its
+profile and the run's ranking of it, the rubric, both answers, the judge's verdicts and the
+provenance, so every command after this stage reads one record and joins nothing.
 """
 
 from __future__ import annotations
@@ -20,60 +21,58 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.filters import DIMENSIONS, FILTERS, PairFilter, PairView, word_similarity
+from pipeline.filters import FILTERS, PairFilter, PairView, word_similarity
 from pipeline.ids import pair_id
 from pipeline.io import dumps, loads
-from pipeline.rundir import StageDir
+from pipeline.records import PAIR_RECORD_FIELDS
+from pipeline.rules.verdicts import margin as pair_margin
+from pipeline.rules.verdicts import prefers
+from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
-from pipeline.stages.ingest import EXAMPLE_FIELDS
-from pipeline.stages.judge import JUDGE_FIELDS
-from pipeline.stages.responses import CANDIDATE_FIELDS
-from pipeline.stages.rubrics import RUBRIC_FIELDS
-
-PAIR_FIELDS = {
-    "pair_id",
-    "example_id",
-    "user_id",
-    "question",
-    "category",
-    "chosen",
-    "rejected",
-    "chosen_id",
-    "rejected_id",
-    "strategy",
-    "violated_item_ids",
-    "rubric_version",
-    "margin",
-}
 
 
 def margin(view: PairView) -> float:
+    """The margin a combination is ranked by; -inf when a verdict it needs is missing
+    (possible only without the judge_parse filter)."""
     qc, qr = view.quality_chosen, view.quality_rejected
     cov_chosen, cov_rejected = view.coverage_chosen, view.coverage_rejected
     if not (qc and qr and cov_chosen and cov_rejected) or not all(
         x.get("parse_ok") for x in (qc, qr, cov_chosen, cov_rejected)
     ):
-        return float("-inf")  # nothing to rank by (possible only without judge_parse)
-    cc, cr = cov_chosen["scores"], cov_rejected["scores"]
-    cov_c = sum(cc.values()) / max(len(cc), 1)
-    violated = view.rejected.get("violates") or list(cr)
-    cov_r = sum(cr.get(i, 0) for i in violated) / max(len(violated), 1)
-    blind = view.pairwise.get("pairwise_blind", {})
-    not_leaky = sum(1 for o in ("AB", "BA") if blind.get(o, {}).get("prefers") != "chosen")
-    gap = max(abs(qc[d] - qr[d]) for d in DIMENSIONS)
-    return round(cov_c - cov_r + 0.25 * not_leaky - 0.25 * gap, 4)
+        return float("-inf")
+    m = pair_margin(
+        cov_chosen["scores"],
+        cov_rejected["scores"],
+        view.rejected.get("violates") or [],
+        qc,
+        qr,
+        blind=prefers(view.pairwise, "pairwise_blind"),
+    )
+    return round(m, 4)
+
+
+def pick(passing: list[tuple[float, str]]) -> int:
+    """Index of the combination to keep among those that passed every filter, given as
+    (margin, pair_id): the best margin, ties to the smaller pair id."""
+    return min(range(len(passing)), key=lambda i: (-passing[i][0], passing[i][1]))
 
 
 class PairStage(Stage):
     name = "pairs"
     requires = ("judge",)
     reads = {
-        "ingest": EXAMPLE_FIELDS,
-        "rubrics": RUBRIC_FIELDS,
-        "responses": CANDIDATE_FIELDS,
-        "judge": JUDGE_FIELDS,
-    }
-    writes = PAIR_FIELDS | {"judge", "provenance"}
+        "ingest": frozenset(
+            {"example_id", "source_id", "user_id", "question", "category", "narrative",
+             "profile", "profile_view"}
+        ),
+        "rubrics": frozenset({"example_id", "rubric_version", "source", "items"}),
+        "responses": frozenset(
+            {"candidate_id", "example_id", "text", "strategy", "violates", "honours",
+             "finish_reason", "provenance"}
+        ),
+        "judge": frozenset({"example_id", "quality", "coverage", "pairwise", "provenance"}),
+    }  # fmt: skip
+    writes = PAIR_RECORD_FIELDS
     # no LLM calls: a stage cut short is re-done from its start, never appended to
     resumable = False
 
@@ -94,21 +93,9 @@ class PairStage(Stage):
         filters = self.filters(ctx)
         pair_filters = [f for f in filters if not f.set_level]
         set_filters = [f for f in filters if f.set_level]
-        # light per-example fields (the profile only as text, for the set-level filters)
-        want_profile = bool(set_filters)
-        examples: dict[str, dict] = {}
-        for e in self.input_rows(ctx, "ingest"):
-            examples[e["example_id"]] = {
-                "example_id": e["example_id"],
-                "source_id": e.get("source_id"),
-                "user_id": e["user_id"],
-                "question": e["question"],
-                "category": e.get("category"),
-                # interned: the examples of one user mostly share one profile text
-                "profile": sys.intern("\n".join(p.get("text", "") for p in e.get("profile") or []))
-                if want_profile
-                else None,
-            }
+        # examples are read per kept pair through an index: a profile is only held while
+        # its record is written
+        examples = self.input_stage(ctx, "ingest").index("example_id")
         rubrics = {r["example_id"]: r for r in self.input_rows(ctx, "rubrics")}
         # candidates are read per example through an index, not held all at once
         cands_of = self.input_stage(ctx, "responses").index("example_id")
@@ -126,7 +113,8 @@ class PairStage(Stage):
         ):
             for judged in self.input_rows(ctx, "judge"):
                 ex_id = judged["example_id"]
-                ex, rub = examples[ex_id], rubrics[ex_id]
+                (ex,) = examples.get(ex_id)
+                rub = rubrics[ex_id]
                 cands = {c["candidate_id"]: c for c in cands_of.get(ex_id)}
                 passing: list[tuple[float, PairView, dict]] = []
                 outcomes = []
@@ -165,15 +153,18 @@ class PairStage(Stage):
                         }
                     )
                 if passing:
-                    passing.sort(key=lambda t: (-t[0], t[2]["pair_id"]))
-                    m, view, p = passing[0]
-                    row = self._pair_row(ex, rub, view, p, m, judged)
+                    best = pick([(m, p["pair_id"]) for m, _, p in passing])
+                    m, view, p = passing[best]
+                    row = self.record(ex, rub, view, m, judged)
                     kept_fh.write(dumps(row) + b"\n")
                     kept_n += 1
-                    views.append(
-                        {k: row[k] for k in ("example_id", "user_id", "question", "chosen",
-                                             "rejected")} | {"profile": ex["profile"]}
-                    )  # fmt: skip
+                    if set_filters:
+                        views.append(
+                            {k: row[k] for k in ("example_id", "user_id", "question", "chosen",
+                                                 "rejected")}
+                            # interned: the examples of one user mostly share one profile
+                            | {"profile": sys.intern("\n".join(p["text"] for p in ex["profile"]))}
+                        )  # fmt: skip
                 else:
                     furthest = max(outcomes, key=lambda o: o["filters_passed"], default=None)
                     reason = furthest["reason"] if furthest else "no_pairs"
@@ -255,7 +246,8 @@ class PairStage(Stage):
         }
 
     @staticmethod
-    def _pair_row(ex: dict, rub: dict, view: PairView, p: dict, m: float, judged: dict) -> dict:
+    def record(ex: dict, rub: dict, view: PairView, m: float, judged: dict) -> dict:
+        """The pair record of a kept pair (pipeline/records.py)."""
         ch, rj = view.chosen, view.rejected
         return {
             "pair_id": pair_id(ex["example_id"], ch["candidate_id"], rj["candidate_id"]),
@@ -264,13 +256,31 @@ class PairStage(Stage):
             "user_id": ex["user_id"],
             "question": ex["question"],
             "category": ex.get("category"),
+            "narrative": ex.get("narrative"),
+            "profile": [
+                {"id": p.get("id"), "category": p.get("category"), "text": p.get("text")}
+                for p in ex.get("profile") or []
+            ],
+            "profile_view": ex["profile_view"],
+            "rubric": {
+                "version": rub["rubric_version"],
+                "source": rub.get("source"),
+                "items": [
+                    {k: it.get(k) for k in ("item_id", "aspect", "evidence", "reason")}
+                    for it in rub["items"]
+                ],
+            },
+            "rubric_version": rub["rubric_version"],
             "chosen": ch["text"],
             "rejected": rj["text"],
             "chosen_id": ch["candidate_id"],
             "rejected_id": rj["candidate_id"],
             "strategy": rj["strategy"],
             "violated_item_ids": rj.get("violates", []),
-            "rubric_version": rub["rubric_version"],
+            "finish_reasons": {
+                "chosen": ch.get("finish_reason"),
+                "rejected": rj.get("finish_reason"),
+            },
             "margin": m if math.isfinite(m) else None,
             "similarity": round(word_similarity(ch["text"], rj["text"]), 2),
             "judge": {

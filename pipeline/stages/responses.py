@@ -23,13 +23,12 @@ from rapidfuzz.utils import default_process
 from pipeline.chat import ChatRequest
 from pipeline.fields import count_words
 from pipeline.ids import content_hash, stable_id
-from pipeline.llm import Answer, Job
-from pipeline.profile import select_profile
+from pipeline.llm import Answer, Failure, Job
 from pipeline.prompts import PromptTemplate, load_template
-from pipeline.rundir import StageDir
+from pipeline.records import ranked_posts
+from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
-from pipeline.stages.ingest import EXAMPLE_FIELDS
-from pipeline.stages.rubrics import RUBRIC_FIELDS
+from pipeline.stages.scaffold import ExampleLoop, OpenExample
 
 TEMPLATES = {
     "chosen": "response_chosen",
@@ -37,19 +36,22 @@ TEMPLATES = {
     "violate_one": "response_violate_one",
     "other_user": "response_other_user",
 }
-CANDIDATE_FIELDS = {
-    "candidate_id",
-    "example_id",
-    "user_id",
-    "rubric_version",
-    "side",
-    "strategy",
-    "sample_index",
-    "text",
-    "finish_reason",
-    "honours",
-    "violates",
-}
+CANDIDATE_FIELDS = frozenset(
+    {
+        "candidate_id",
+        "example_id",
+        "user_id",
+        "rubric_version",
+        "side",
+        "strategy",
+        "sample_index",
+        "text",
+        "finish_reason",
+        "word_count",
+        "honours",
+        "violates",
+    }
+)
 
 
 def derive_seed(*parts: Any) -> int:
@@ -148,23 +150,25 @@ class _Job:
 
 
 @dataclass
-class _Open:
-    """An example whose requests are in flight."""
+class _Example:
+    """What an example in flight keeps: its rubric, its jobs and the rows so far."""
 
-    example_id: str
     user_id: str
     rubric: dict[str, Any]
     jobs: list[_Job]
     requests: list[ChatRequest]
-    outstanding: int = 0
-    failed: bool = False
     rows: list[dict] = field(default_factory=list)
 
 
 class ResponseStage(Stage):
     name = "responses"
     requires = ("rubrics",)
-    reads = {"ingest": EXAMPLE_FIELDS, "rubrics": RUBRIC_FIELDS}
+    reads = {
+        "ingest": frozenset(
+            {"example_id", "user_id", "question", "category", "profile", "profile_view"}
+        ),
+        "rubrics": frozenset({"example_id", "user_id", "rubric_version", "items"}),
+    }
     writes = CANDIDATE_FIELDS | {"provenance"}
 
     def uses_llm(self, ctx: Context) -> bool:
@@ -175,7 +179,6 @@ class ResponseStage(Stage):
         names = ["chosen", *c.responses.strategies]
         return {
             "responses": c.responses.model_dump(mode="json"),
-            "profile": c.profile.model_dump(mode="json"),
             "model": c.backend.model,
             "seed": c.run.seed,
             "templates": {n: load_template(TEMPLATES[n]).sha256 for n in names},
@@ -236,28 +239,14 @@ class ResponseStage(Stage):
         rub = rubrics[ex["example_id"]]
         items = rub["items"]
         ids = [it["item_id"] for it in items]
-        profile = select_profile(
-            ex["question"], ex["profile"], c.profile.top_k, c.profile.ranker,
-            c.profile.embedding_model,
-        )  # fmt: skip
-        common = {"question": ex["question"], "profile": profile, "word_cap": r.word_cap}
+        common = {"question": ex["question"], "profile": ranked_posts(ex), "word_cap": r.word_cap}
         jobs: list[_Job] = []
         requests: list[ChatRequest] = []
 
         def add(job: _Job, msgs: tuple, n: int) -> None:
             seed = derive_seed(c.run.seed, ex["example_id"], job.strategy, job.sample_offset)
             jobs.append(job)
-            requests.append(
-                ChatRequest(
-                    messages=msgs,
-                    model=c.backend.model,
-                    temperature=samp.temperature,
-                    top_p=samp.top_p,
-                    max_tokens=samp.max_tokens,
-                    n=n,
-                    seed=seed,
-                )
-            )
+            requests.append(ChatRequest.sampled(msgs, c.backend.model, samp, n=n, seed=seed))
 
         t = load_template(TEMPLATES["chosen"])
         add(_Job("chosen", 0, t, ids, [], {}), t.render(items=items, **common), r.n)
@@ -301,26 +290,24 @@ class ResponseStage(Stage):
                 add(_Job(strategy, 0, t, [], ids, extra), msgs, r.n)
         return jobs, requests
 
-    def _rows(
-        self, ctx: Context, st: _Open, job: _Job, req: ChatRequest, ans: Answer
-    ) -> list[dict]:
+    def _rows(self, ctx: Context, example_id: str, ex: _Example, k: int, ans: Answer) -> list[dict]:
         c = ctx.config
-        rub = st.rubric
+        job, req, rub = ex.jobs[k], ex.requests[k], ex.rubric
         rows = []
-        for k, choice in enumerate(ans.result.choices):
-            sample = job.sample_offset + k
+        for j, choice in enumerate(ans.result.choices):
+            sample = job.sample_offset + j
             side = "chosen" if job.strategy == "chosen" else "rejected"
             rows.append(
                 {
                     "candidate_id": stable_id(
-                        st.example_id,
+                        example_id,
                         rub["rubric_version"],
                         job.strategy,
                         job.extra.get("target_item"),
                         sample,
                     ),
-                    "example_id": st.example_id,
-                    "user_id": st.user_id,
+                    "example_id": example_id,
+                    "user_id": ex.user_id,
                     "rubric_version": rub["rubric_version"],
                     "side": side,
                     "strategy": job.strategy,
@@ -354,10 +341,10 @@ class ResponseStage(Stage):
         rubrics = self.load_rubrics(ctx, self)
         donors = self.donors(ctx, rubrics)
         skipped: Counter = Counter()
-        open_examples: dict[str, _Open] = {}
         per_example = 1 + sum(c.responses.n if s == "violate_one" else 1
                               for s in c.responses.strategies)  # fmt: skip
         todo = len(rubrics) - len(done & rubrics.keys())
+        loop = ExampleLoop(out, c.responses.chunk_size)
 
         def jobs() -> Iterator[Job]:
             # examples stream from the ingest shards; only those in flight are held
@@ -366,41 +353,27 @@ class ResponseStage(Stage):
                 if ex_id not in rubrics or ex_id in done:
                     continue
                 ex_jobs, requests = self.example_jobs(ctx, ex, rubrics, donors, skipped)
-                open_examples[ex_id] = _Open(
-                    ex_id, ex["user_id"], rubrics[ex_id], ex_jobs, requests, len(ex_jobs)
-                )
-                for k, req in enumerate(requests):
-                    yield Job(req, (ex_id, k))
+                state = _Example(ex["user_id"], rubrics[ex_id], ex_jobs, requests)
+                yield from loop.start(ex_id, [Job(req, k) for k, req in enumerate(requests)], state)
 
-        pending = 0
-        buffer: list[dict] = []
-        buffered = 0
-        chunk = c.responses.chunk_size
-        try:
-            async with ctx.llm(self.name) as runner:
-                async for (ex_id, k), outcome in runner.run(jobs(), total=todo * per_example):
-                    st = open_examples[ex_id]
-                    if isinstance(outcome, Answer):
-                        st.rows.extend(self._rows(ctx, st, st.jobs[k], st.requests[k], outcome))
-                    else:
-                        st.failed = True
-                    st.outstanding -= 1
-                    if st.outstanding:
-                        continue
-                    del open_examples[ex_id]
-                    if st.failed:
-                        pending += 1  # retried on the next run
-                        continue
-                    buffer.extend(sorted(st.rows, key=lambda r: (r["strategy"], r["sample_index"])))
-                    buffered += 1
-                    if buffered >= chunk:
-                        out.write_shard(buffer)
-                        buffer, buffered = [], 0
-                llm_stats = runner.stats.as_dict()
-        finally:
-            if buffer:  # finished examples are kept, also when the stage stops early
-                out.write_shard(buffer)
-        return self._stats(out, llm_stats, len(done), pending, skipped)
+        def on_outcome(st: OpenExample, k: int, outcome: Answer | Failure) -> list[Job]:
+            ex: _Example = st.state
+            if isinstance(outcome, Failure):
+                # a free-text request fails only in transport (or the replay cache lacks
+                # it): the example is retried whole on the next run
+                st.pending = True
+            else:
+                ex.rows.extend(self._rows(ctx, st.example_id, ex, k, outcome))
+            return []
+
+        def on_complete(st: OpenExample) -> tuple[list[dict], list[dict]]:
+            rows = st.state.rows
+            return sorted(rows, key=lambda r: (r["strategy"], r["sample_index"])), []
+
+        async with ctx.llm(self.name) as runner:
+            await loop.drive(runner, jobs(), on_outcome, on_complete, total=todo * per_example)
+            llm_stats = runner.stats.as_dict()
+        return self._stats(out, llm_stats, len(done), loop.pending, skipped)
 
     def _stats(
         self, out: StageDir, llm: dict, resumed: int, pending: int, skipped: Counter

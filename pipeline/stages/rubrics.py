@@ -11,15 +11,15 @@ from rapidfuzz import fuzz
 from pipeline import schemas
 from pipeline.chat import ChatRequest
 from pipeline.ids import content_hash, stable_id
-from pipeline.llm import Answer, Job
-from pipeline.profile import select_profile
+from pipeline.llm import Answer, Failure, Job
 from pipeline.prompts import load_template
-from pipeline.rundir import StageDir
+from pipeline.records import ranked_posts
+from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
-from pipeline.stages.ingest import EXAMPLE_FIELDS
+from pipeline.stages.scaffold import ExampleLoop, OpenExample
 
 TEMPLATE = "rubric_generate"
-RUBRIC_FIELDS = {"example_id", "user_id", "rubric_version", "source", "items"}
+RUBRIC_FIELDS = frozenset({"example_id", "user_id", "rubric_version", "source", "items"})
 
 
 # Asked when merging near-duplicate aspects leaves too few: the model sees its answer and why.
@@ -114,7 +114,20 @@ def _append(rows: list[dict], rejects: list[dict], row: dict | None, rej: dict |
 class RubricStage(Stage):
     name = "rubrics"
     requires = ("ingest",)
-    reads = {"ingest": EXAMPLE_FIELDS}
+    # what this stage reads of each example (checked against what ingest writes)
+    reads = {
+        "ingest": frozenset(
+            {
+                "example_id",
+                "user_id",
+                "question",
+                "narrative",
+                "profile",
+                "profile_view",
+                "rubric_aspects",
+            }
+        )
+    }
     writes = RUBRIC_FIELDS | {"provenance"}
 
     def uses_llm(self, ctx: Context) -> bool:
@@ -125,7 +138,6 @@ class RubricStage(Stage):
         s: dict[str, Any] = {"rubrics": c.rubrics.model_dump(mode="json")}
         if c.rubrics.source == "generated":
             s["model"] = c.backend.model
-            s["profile"] = c.profile.model_dump(mode="json")
             s["template_hash"] = load_template(TEMPLATE).sha256
             s["seed"] = c.run.seed
             s["schema"] = self._schema(ctx)
@@ -184,25 +196,17 @@ class RubricStage(Stage):
 
     def _request(self, ctx: Context, ex: dict) -> ChatRequest:
         c = ctx.config
-        s = c.rubrics.sampling
-        profile = select_profile(
-            ex["question"], ex["profile"], c.profile.top_k, c.profile.ranker,
-            c.profile.embedding_model,
-        )  # fmt: skip
         msgs = load_template(TEMPLATE).render(
             question=ex["question"],
             narrative=ex.get("narrative"),
-            profile=profile,
+            profile=ranked_posts(ex),
             min_items=c.rubrics.min_items,
             max_items=c.rubrics.max_items,
         )
-        return ChatRequest(
-            messages=msgs,
-            model=c.backend.model,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_tokens=s.max_tokens,
-            n=1,
+        return ChatRequest.sampled(
+            msgs,
+            c.backend.model,
+            c.rubrics.sampling,
             seed=c.run.seed,
             json_schema=self._schema(ctx),
             schema_name="rubric",
@@ -217,78 +221,65 @@ class RubricStage(Stage):
         def validate(req: ChatRequest, text: str) -> Any:
             return schemas.parse(schema, text)
 
-        # examples in flight: id -> the fields a row needs (the profile is not kept)
-        open_examples: dict[str, dict] = {}
+        loop = ExampleLoop(out, c.responses.chunk_size)
+        reasked = 0
 
         def jobs() -> Any:
             for ex in examples:
-                open_examples[ex["example_id"]] = {
-                    "example_id": ex["example_id"], "user_id": ex["user_id"]
-                }  # fmt: skip
-                yield Job(self._request(ctx, ex), (ex["example_id"], 0), validate)
+                # the fields a row needs (the profile is not kept)
+                state = {"example_id": ex["example_id"], "user_id": ex["user_id"]}
+                job = Job(self._request(ctx, ex), 0, validate)
+                yield from loop.start(ex["example_id"], [job], state)
 
-        rows: list[dict] = []
-        rejects: list[dict] = []
-        pending = reasked = 0
-        chunk = c.responses.chunk_size
-        try:
-            async with ctx.llm(self.name) as runner:
-                async for (ex_id, attempt), outcome in runner.run(jobs()):
-                    ex = open_examples[ex_id]
-                    if not isinstance(outcome, Answer):
-                        del open_examples[ex_id]
-                        if outcome.final:
-                            rejects.append(_reject(ex, "invalid_rubric", outcome.reason))
-                        else:
-                            pending += 1  # retried on the next run
-                        continue
-                    items = outcome.parsed[0]["aspects"]
-                    kept, merged = merge_items(items, c.rubrics.merge_threshold)
-                    if len(kept) < c.rubrics.min_items and attempt < c.rubrics.reasks:
-                        # a repetitive model: tell it what merging found and ask again
-                        req = outcome.request
-                        note = TOO_FEW_TEMPLATE.format(
-                            kept=len(kept),
-                            merged="; ".join(f"'{m['aspect']}' repeats '{m['into']}'"
-                                             for m in merged[:3]) or "duplicates",
-                            min_items=c.rubrics.min_items,
-                            max_items=c.rubrics.max_items,
-                        )  # fmt: skip
-                        text = outcome.result.choices[0].text
-                        again = replace(
-                            req, messages=(*req.messages, ("assistant", text), ("user", note))
-                        )
-                        reasked += attempt == 0
-                        runner.push(Job(again, (ex_id, attempt + 1), validate))
-                        continue
-                    del open_examples[ex_id]
-                    prov = {
-                        **tmpl.provenance(),
-                        "model": c.backend.model,
-                        "sampling": s.model_dump(),
-                        "seed": c.run.seed,
-                        "request_key": outcome.request.key,
-                        "reasks": outcome.reasks,
-                        "too_few_reasks": attempt,
-                        "usage": {
-                            "prompt_tokens": outcome.result.prompt_tokens,
-                            "completion_tokens": outcome.result.completion_tokens,
-                        },
-                        "finish_reason": outcome.result.choices[0].finish_reason,
-                    }
-                    row, rej = self._finish_items(ctx, ex, items, "generated", prov)
-                    _append(rows, rejects, row, rej)
-                    if len(rows) + len(rejects) >= chunk:
-                        out.write_shard(rows, rejects)
-                        rows, rejects = [], []
-                stats_llm = runner.stats.as_dict()
-        finally:
-            # whatever finished is kept, also when the stage stops early
-            if rows or rejects:
-                out.write_shard(rows, rejects)
+        def on_outcome(st: OpenExample, attempt: int, outcome: Answer | Failure) -> list[Job]:
+            nonlocal reasked
+            if isinstance(outcome, Failure):  # final: invalid after every re-ask and retry
+                st.extra["reject"] = _reject(st.state, "invalid_rubric", outcome.reason)
+                return []
+            items = outcome.parsed[0]["aspects"]
+            kept, merged = merge_items(items, c.rubrics.merge_threshold)
+            if len(kept) < c.rubrics.min_items and attempt < c.rubrics.reasks:
+                # a repetitive model: tell it what merging found and ask again
+                req = outcome.request
+                note = TOO_FEW_TEMPLATE.format(
+                    kept=len(kept),
+                    merged="; ".join(f"'{m['aspect']}' repeats '{m['into']}'"
+                                     for m in merged[:3]) or "duplicates",
+                    min_items=c.rubrics.min_items,
+                    max_items=c.rubrics.max_items,
+                )  # fmt: skip
+                text = outcome.result.choices[0].text
+                again = replace(req, messages=(*req.messages, ("assistant", text), ("user", note)))
+                reasked += attempt == 0
+                return [Job(again, attempt + 1, validate)]
+            prov = {
+                **tmpl.provenance(),
+                "model": c.backend.model,
+                "sampling": s.model_dump(),
+                "seed": c.run.seed,
+                "request_key": outcome.request.key,
+                "reasks": outcome.reasks,
+                "too_few_reasks": attempt,
+                "usage": {
+                    "prompt_tokens": outcome.result.prompt_tokens,
+                    "completion_tokens": outcome.result.completion_tokens,
+                },
+                "finish_reason": outcome.result.choices[0].finish_reason,
+            }
+            row, rej = self._finish_items(ctx, st.state, items, "generated", prov)
+            st.extra["row"], st.extra["reject"] = row, rej
+            return []
+
+        def on_complete(st: OpenExample) -> tuple[list[dict], list[dict]]:
+            row, rej = st.extra.get("row"), st.extra.get("reject")
+            return ([row] if row else []), ([rej] if rej else [])
+
+        async with ctx.llm(self.name) as runner:
+            await loop.drive(runner, jobs(), on_outcome, on_complete)
+            stats_llm = runner.stats.as_dict()
         stats = self._stats(out, resumed)
         stats["llm"] = stats_llm
-        stats["pending_examples"] = pending
+        stats["pending_examples"] = loop.pending
         stats["reasked_too_few"] = reasked
         return stats
 

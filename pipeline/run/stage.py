@@ -1,45 +1,37 @@
-"""The run directory: ``outputs/<run>/`` with one folder per stage.
+"""One stage folder of a run: its metadata, its shards and their manifest.
 
-A stage folder holds ``stage.json`` (its fingerprint and settings, written first),
-JSONL shards ``data-NNNNN.jsonl`` and ``rejects-NNNNN.jsonl``, ``stats.json``, and the
-completion marker ``_DONE.json``, written last. A shard's data file is written after
-its rejects file, so a data file on disk means the whole shard is there.
+A stage folder holds ``stage.json`` (its fingerprint and settings, written first), JSONL
+shards ``data-NNNNN.jsonl`` and ``rejects-NNNNN.jsonl``, ``stats.json``, and the
+completion marker ``_DONE.json``, written last. A shard's data file is written after its
+rejects file, so a data file on disk means the whole shard is there.
 
 The marker is a manifest: every shard file with its row count, size and sha256. A
-finished stage is verified against it before anything reads it, so a shard cut short,
-edited or lost is reported (with the command that re-does the stage) instead of silently
-shrinking every later stage.
-
-One process at a time writes a run directory: ``RunLock`` holds an exclusive ``flock`` on
-``<run>/.lock`` for the whole command; the kernel releases it when the holder dies, so a
-lock left by a killed process is simply taken over.
+finished stage is verified against it before anything reads it (:meth:`StageDir.verified`),
+so a shard cut short, edited or lost is reported (with the command that re-does the
+stage) instead of silently shrinking every later stage or a release.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import re
+import itertools
 import shutil
-import socket
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import LockError, RunDirError, StageError
-from pipeline.io import file_digest, loads, read_json, write_json_atomic, write_jsonl_atomic
-
-MARKER = "_DONE.json"
-META = "stage.json"
-LOCK = ".lock"
-_SHARD_RE = re.compile(r"^(data|rejects)-(\d{5})\.jsonl$")
+from pipeline.errors import RunDirError, StageError
+from pipeline.io import file_digest, loads, write_json_atomic, write_jsonl_atomic
+from pipeline.run import layout
+from pipeline.run.meta import Marker, StageMeta, Stats, read_meta
 
 
 def redo_hint(stage: str) -> str:
     return f"re-do the stage with `prb run CONFIG --redo {stage}` (cached answers are reused)"
+
+
+def run_hint(stage: str) -> str:
+    return f"run the pipeline through it with `prb run CONFIG --until {stage}`"
 
 
 class StageDir:
@@ -52,28 +44,27 @@ class StageDir:
         self.contract: set[str] | None = None
         self._contract_checked = False
 
-    # ---- state -------------------------------------------------------------------
-    def _read_json_file(self, name: str) -> Any:
-        p = self.path / name
-        if not p.exists():
-            return None
-        try:
-            return read_json(p)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RunDirError(
-                f"{p}: not valid JSON ({exc}); {redo_hint(self.name)}", path=p
-            ) from None
-
+    # ---- metadata ----------------------------------------------------------------------
     @property
-    def meta(self) -> dict[str, Any] | None:
-        return self._read_json_file(META)
+    def meta(self) -> StageMeta | None:
+        """``stage.json``; None before the stage first ran."""
+        return read_meta(self.path / layout.STAGE_META, StageMeta, redo_hint(self.name))
 
     @property
     def done(self) -> bool:
-        return (self.path / MARKER).exists()
+        return (self.path / layout.STAGE_MARKER).exists()
 
-    def marker(self) -> dict[str, Any] | None:
-        return self._read_json_file(MARKER)
+    def marker(self) -> Marker | None:
+        """``_DONE.json``; None while the stage has not finished."""
+        return read_meta(self.path / layout.STAGE_MARKER, Marker, redo_hint(self.name))
+
+    def stats(self) -> dict[str, Any]:
+        """``stats.json`` as a dict (empty when there is none yet)."""
+        got = read_meta(self.path / layout.STAGE_STATS, Stats, redo_hint(self.name))
+        return got.model_dump() if got is not None else {}
+
+    def write_stats(self, stats: dict[str, Any]) -> None:
+        write_json_atomic(self.path / layout.STAGE_STATS, stats)
 
     def begin(
         self,
@@ -86,7 +77,7 @@ class StageDir:
         versions of this invocation (a resumed stage records the one that finished it)."""
         self.path.mkdir(parents=True, exist_ok=True)
         write_json_atomic(
-            self.path / META,
+            self.path / layout.STAGE_META,
             {
                 "stage": self.name,
                 "fingerprint": fingerprint,
@@ -105,7 +96,7 @@ class StageDir:
         """Every shard file with its row count, size and sha256, as they are on disk."""
         files: dict[str, dict[str, Any]] = {}
         for p in sorted(self.path.iterdir()):
-            if not _SHARD_RE.match(p.name):
+            if not layout.SHARD_RE.match(p.name):
                 continue
             sha, size, rows = file_digest(p)
             files[p.name] = {"rows": rows, "bytes": size, "sha256": sha}
@@ -114,13 +105,13 @@ class StageDir:
     def finish(self, stats: dict[str, Any], inputs: dict[str, str | None] | None = None) -> None:
         """Write stats, then the marker with the manifest: the marker is the last write.
         ``inputs``: the content ids of the upstream stages this data was built from."""
-        write_json_atomic(self.path / "stats.json", stats)
+        self.write_stats(stats)
         files = self.manifest()
-        meta = self.meta or {}
+        meta = self.meta
         write_json_atomic(
-            self.path / MARKER,
+            self.path / layout.STAGE_MARKER,
             {
-                "fingerprint": meta.get("fingerprint"),
+                "fingerprint": meta.fingerprint if meta is not None else None,
                 "time": time.time(),
                 "rows": sum(f["rows"] for n, f in files.items() if n.startswith("data-")),
                 "rejects": sum(f["rows"] for n, f in files.items() if n.startswith("rejects-")),
@@ -129,45 +120,68 @@ class StageDir:
             },
         )
 
+    # ---- verification ------------------------------------------------------------------
     def verify(self, quick: bool = False) -> list[str]:
         """Problems of a finished stage's data against its manifest (empty: all good).
-        ``quick`` compares sizes only (for ``prb status``); the full check hashes."""
+        ``quick`` compares sizes only; the full check hashes every shard."""
         marker = self.marker()
         if marker is None:
             return []
-        listed = marker.get("files")
-        if not isinstance(listed, dict):
-            return [f"{self.path / MARKER}: written by an older version, without a manifest"]
+        listed = marker.files
+        if listed is None:
+            return [f"{self.path / layout.STAGE_MARKER}: written by an older version, without a "
+                    "manifest"]  # fmt: skip
         problems = []
-        on_disk = {p.name for p in self.path.iterdir() if _SHARD_RE.match(p.name)}
+        on_disk = {p.name for p in self.path.iterdir() if layout.SHARD_RE.match(p.name)}
         for name in sorted(on_disk - set(listed)):
             problems.append(f"{self.path / name}: not in the stage's manifest")
         for name, want in sorted(listed.items()):
             p = self.path / name
-            if not p.exists():
-                problems.append(f"{p}: missing ({want['rows']} rows)")
+            if not layout.SHARD_RE.match(name):
+                problems.append(f"{self.path / layout.STAGE_MARKER}: lists {name!r}, not a shard")
+                continue
+            if not p.is_file():
+                problems.append(f"{p}: missing ({want.rows} rows)")
                 continue
             size = p.stat().st_size
-            if size != want["bytes"]:
-                problems.append(f"{p}: {size} bytes, the manifest says {want['bytes']}")
+            if size != want.bytes:
+                problems.append(f"{p}: {size} bytes, the manifest says {want.bytes}")
                 continue
-            if not quick and file_digest(p)[0] != want["sha256"]:
+            if not quick and file_digest(p)[0] != want.sha256:
                 problems.append(f"{p}: contents changed since the stage finished (sha256)")
         return problems
+
+    def damage(self, problems: list[str]) -> RunDirError:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return RunDirError(
+            f"stage '{self.name}' is damaged: {problems[0]}{more}; {redo_hint(self.name)}",
+            path=self.path,
+        )
 
     def check_intact(self) -> None:
         """Raise naming the first damaged file and the repair command."""
         problems = self.verify()
         if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise RunDirError(f"stage '{self.name}' is damaged: {problems[0]}{more}; "
-                              f"{redo_hint(self.name)}")  # fmt: skip
+            raise self.damage(problems)
 
+    def verified(self) -> StageDir:
+        """This stage, finished and matching its manifest; otherwise one RunDirError (or
+        StageError when it has not finished) saying what to run. Every reader of a
+        finished stage comes through here, so none reads a damaged or partial stage."""
+        if not self.path.is_dir():
+            raise StageError(f"{self.path}: stage '{self.name}' has not run; {run_hint(self.name)}")
+        if not self.done:
+            state = "has not finished" + (" (it is partly done)" if self.shard_ids() else "")
+            raise StageError(f"{self.path}: stage '{self.name}' {state}; {run_hint(self.name)}")
+        self.check_intact()
+        return self
+
+    # ---- changing the folder -----------------------------------------------------------
     def clear(self) -> None:
         """Remove the folder; renamed first so a crash never leaves a half-deleted stage."""
         if not self.path.exists():
             return
-        trash = self.path.with_name(f".trash-{self.name}-{time.time_ns()}")
+        trash = self.path.with_name(f"{layout.TRASH_PREFIX}{self.name}-{time.time_ns()}")
         self.path.rename(trash)
         shutil.rmtree(trash, ignore_errors=True)
 
@@ -175,19 +189,23 @@ class StageDir:
         """Remove data, rejects, stats and marker but keep stage.json (a stage that is
         re-done from the start rather than resumed)."""
         for p in list(self.path.iterdir()) if self.path.exists() else []:
-            if _SHARD_RE.match(p.name) or p.name in (MARKER, "stats.json"):
+            if layout.SHARD_RE.match(p.name) or p.name in (layout.STAGE_MARKER,
+                                                            layout.STAGE_STATS):  # fmt: skip
                 p.unlink()
 
-    # ---- shards ------------------------------------------------------------------
+    # ---- shards ------------------------------------------------------------------------
     def shard_ids(self) -> list[int]:
-        if not self.path.exists():
+        if not self.path.is_dir():
             return []
         ids = []
         for p in self.path.iterdir():
-            m = _SHARD_RE.match(p.name)
+            m = layout.SHARD_RE.match(p.name)
             if m and m.group(1) == "data":
                 ids.append(int(m.group(2)))
         return sorted(ids)
+
+    def data_path(self, n: int) -> Path:
+        return self.path / layout.data_shard(n)
 
     def write_shard(self, rows: Iterable[dict], rejects: Iterable[dict] = ()) -> int:
         rows = list(rows)
@@ -201,11 +219,15 @@ class StageDir:
             self._contract_checked = True
         ids = self.shard_ids()
         n = (ids[-1] + 1) if ids else 0
-        write_jsonl_atomic(self.path / f"rejects-{n:05d}.jsonl", rejects)
-        write_jsonl_atomic(self.path / f"data-{n:05d}.jsonl", rows)
+        write_jsonl_atomic(self.path / layout.rejects_shard(n), rejects)
+        write_jsonl_atomic(self.data_path(n), rows)
         return n
 
     def _read(self, path: Path) -> Iterator[dict]:
+        for _, row in self._read_numbered(path):
+            yield row
+
+    def _read_numbered(self, path: Path) -> Iterator[tuple[int, dict]]:
         try:
             fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
         except FileNotFoundError:
@@ -230,22 +252,36 @@ class StageDir:
                         path=path,
                         line=line_no,
                     )
-                yield row
+                yield line_no, row
 
     def rows(self) -> Iterator[dict]:
         for n in self.shard_ids():
-            yield from self._read(self.path / f"data-{n:05d}.jsonl")
+            yield from self._read(self.data_path(n))
+
+    def numbered_rows(self) -> Iterator[tuple[Path, int, dict]]:
+        """(shard path, line number, row) of every data row, for errors that name a line."""
+        for n in self.shard_ids():
+            path = self.data_path(n)
+            for line, row in self._read_numbered(path):
+                yield path, line, row
 
     def rejects(self) -> Iterator[dict]:
         for n in self.shard_ids():
-            p = self.path / f"rejects-{n:05d}.jsonl"
+            p = self.path / layout.rejects_shard(n)
             if p.exists():
                 yield from self._read(p)
 
     def done_examples(self) -> set[str]:
         """Example ids that already have a final outcome (kept or rejected) on disk."""
-        seen = {r["example_id"] for r in self.rows()}
-        seen.update(r["example_id"] for r in self.rejects())
+        seen: set[str] = set()
+        for r in itertools.chain(self.rows(), self.rejects()):
+            ex = r.get("example_id")
+            if not isinstance(ex, str):
+                raise RunDirError(
+                    f"{self.path}: a row without an example_id; {redo_hint(self.name)}",
+                    path=self.path,
+                )
+            seen.add(ex)
         return seen
 
     def index(self, key: str = "example_id") -> ShardIndex:
@@ -257,8 +293,8 @@ class StageDir:
         """(state, examples done, examples expected)."""
         if not self.path.exists():
             return "not started", 0, None
-        meta = self.meta or {}
-        expected = meta.get("expected_examples")
+        meta = self.meta
+        expected = meta.expected_examples if meta is not None else None
         done = len(self.done_examples())
         if self.done:
             return "done", done, expected
@@ -273,7 +309,7 @@ class ShardIndex:
         self.key = key
         self._where: dict[str, tuple[int, int, int]] = {}
         for n in stage.shard_ids():
-            path = stage.path / f"data-{n:05d}.jsonl"
+            path = stage.data_path(n)
             offset = 0
             current: str | None = None
             start = 0
@@ -308,8 +344,7 @@ class ShardIndex:
         if where is None:
             return []
         shard, start, length = where
-        path = self.stage.path / f"data-{shard:05d}.jsonl"
-        with open(path, "rb") as fh:
+        with open(self.stage.data_path(shard), "rb") as fh:
             fh.seek(start)
             data = fh.read(length)
         return [loads(line) for line in data.splitlines() if line.strip()]
@@ -328,83 +363,3 @@ def _key_of(line: bytes, key: str, path: Path, stage: str) -> str:
             f"{path}: a row without a readable {key} ({type(exc).__name__}); {redo_hint(stage)}",
             path=path,
         ) from None
-
-
-class RunLock:
-    """An exclusive lock on a run directory, held for the life of one command."""
-
-    def __init__(self, run_dir: str | Path, command: str = "") -> None:
-        self.path = Path(run_dir) / LOCK
-        self.command = command or " ".join(["prb", *sys.argv[1:]])[:200]
-        self._fd: int | None = None
-
-    def acquire(self) -> RunLock:
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise LockError(
-                f"run directory {self.path.parent} is in use by {holder}; wait for that "
-                "command to finish (or stop it), then run this one again",
-                path=self.path.parent,
-            ) from None
-        info = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": self.command,
-        }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        import fcntl
-
-        with contextlib.suppress(OSError):
-            os.ftruncate(self._fd, 0)
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-        self._fd = None
-
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        raw = os.pread(fd, 4096, 0).decode("utf-8", "replace")
-        info = json.loads(raw)
-        return f"pid {info['pid']} ({info.get('command', 'prb')}, started {info['started']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another prb process (it is starting up)"
-
-
-class RunDir:
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    def stage(self, name: str) -> StageDir:
-        return StageDir(self.path / name)
-
-    @property
-    def cache_path(self) -> Path:
-        return self.path / "cache.sqlite"
-
-    @property
-    def config_path(self) -> Path:
-        return self.path / "run.yaml"
-
-    def lock(self, command: str = "") -> RunLock:
-        return RunLock(self.path, command)

@@ -1,0 +1,71 @@
+"""Every file and folder name of a run directory, in one place.
+
+::
+
+    <run>/
+      run.yaml             the resolved config of the latest `prb run` (secrets never written)
+      environment.json     machine and library versions of the latest `prb run`
+      cache.sqlite         every LLM request and answer (pipeline/cache.py)
+      .lock                held by the one process that writes the run (flock)
+      <stage>/             ingest, rubrics, responses, judge, pairs
+        stage.json         the stage's fingerprint and settings, written first
+        data-NNNNN.jsonl   rows, in shards
+        rejects-NNNNN.jsonl  rows the stage rejected, with a reason
+        stats.json         the stage's figures
+        _DONE.json         the manifest, written last: the stage is finished
+      annotate/round-N/    a human verification round (tasks, answers, verdicts, agreement)
+      publish/             the release (`prb publish`), marked by .prb-release
+      report/              the audit (`prb audit`)
+      eval/                evaluations of reward models and judges (`prb eval`)
+
+Only the ``pipeline.run`` package uses these names; every other module asks
+:class:`pipeline.run.RunDir` for paths, so a guarantee added there (a manifest check, the
+lock) holds for every reader.
+"""
+
+from __future__ import annotations
+
+import re
+
+RUN_CONFIG = "run.yaml"
+ENVIRONMENT = "environment.json"
+CACHE = "cache.sqlite"
+LOCK = ".lock"
+
+STAGE_META = "stage.json"
+STAGE_STATS = "stats.json"
+STAGE_MARKER = "_DONE.json"
+SHARD_RE = re.compile(r"^(data|rejects)-(\d{5})\.jsonl$")
+# What a killed process leaves behind: temporary files (pipeline/io.py) and the trash of
+# a stage folder being cleared.
+TRASH_PREFIX = ".trash-"
+
+
+def data_shard(n: int) -> str:
+    return f"data-{n:05d}.jsonl"
+
+
+def rejects_shard(n: int) -> str:
+    return f"rejects-{n:05d}.jsonl"
+
+
+ANNOTATE = "annotate"
+ROUND_PREFIX = "round-"
+ROUND_RE = re.compile(r"^round-(\d+)$")
+# Files of one annotation round.
+ROUND_TASKS = "tasks.json"  # what annotators see (imported into Label Studio)
+ROUND_SIDES = "sides.json"  # the local answer key: which side is A, gold answers
+ROUND_EXPORT = "export.json"  # project id, server URL, counts of the export
+ROUND_ANNOTATIONS = "annotations.jsonl"
+ROUND_VERDICTS = "verdicts.jsonl"
+ROUND_ADJUDICATION = "adjudication.jsonl"
+ROUND_AGREEMENT = "agreement.json"
+ROUND_SKIPPED = "skipped.jsonl"
+
+RELEASE = "publish"
+# A release folder `prb publish` wrote holds this file: only such a folder is ever replaced.
+RELEASE_MARKER = ".prb-release"
+RELEASE_SUMMARY = "release.json"
+RELEASE_ALL = "all"  # the config with every category
+REPORT = "report"
+EVAL = "eval"

@@ -1,0 +1,275 @@
+"""The run directory as one object: every path, every verified read.
+
+Readers (publish, annotate, audit, eval, status, inspect, cache repair) get a
+:class:`RunDir` from :func:`open_run` and read finished stages through
+:meth:`RunDir.finished`, which checks the stage's manifest first and raises the same
+one-line error ``prb run`` gives for damage. Nothing outside ``pipeline.run`` builds a path
+inside a run directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import InputError, PipelineError, RunDirError
+from pipeline.io import read_json, write_json_atomic, write_text_atomic
+from pipeline.records import PAIR_RECORD_FIELDS, RecordProblem, check_pair_record
+from pipeline.run import layout
+from pipeline.run.lock import RunLock
+from pipeline.run.stage import StageDir, redo_hint
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
+
+STAGE_NAMES: tuple[str, ...] = ("ingest", "rubrics", "responses", "judge", "pairs")
+
+
+@dataclass(frozen=True)
+class Round:
+    """One annotation round's folder and files."""
+
+    number: int
+    path: Path
+
+    @property
+    def tasks(self) -> Path:
+        return self.path / layout.ROUND_TASKS
+
+    @property
+    def sides(self) -> Path:
+        return self.path / layout.ROUND_SIDES
+
+    @property
+    def export(self) -> Path:
+        return self.path / layout.ROUND_EXPORT
+
+    @property
+    def annotations(self) -> Path:
+        return self.path / layout.ROUND_ANNOTATIONS
+
+    @property
+    def verdicts(self) -> Path:
+        return self.path / layout.ROUND_VERDICTS
+
+    @property
+    def adjudication(self) -> Path:
+        return self.path / layout.ROUND_ADJUDICATION
+
+    @property
+    def agreement(self) -> Path:
+        return self.path / layout.ROUND_AGREEMENT
+
+    @property
+    def skipped(self) -> Path:
+        return self.path / layout.ROUND_SKIPPED
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def check_round_number(n: Any, field: str = "--round") -> int:
+    """A round number: an integer from 1 (rounds are numbered from 1)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputError(
+            f"round numbers start at 1, got {n!r}; pass --round 1 for the first round",
+            field=field,
+        )
+    return n
+
+
+class RunDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    @property
+    def shown(self) -> str:
+        """The run directory as printed: its absolute path."""
+        return str(self.path.absolute())
+
+    # ---- files at the top -------------------------------------------------------------
+    @property
+    def cache_path(self) -> Path:
+        return self.path / layout.CACHE
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / layout.RUN_CONFIG
+
+    @property
+    def environment_path(self) -> Path:
+        return self.path / layout.ENVIRONMENT
+
+    def lock(self, command: str = "") -> RunLock:
+        return RunLock(self.path, command)
+
+    def write_config(self, text: str) -> None:
+        write_text_atomic(self.config_path, text)
+
+    def write_environment(self, env: dict[str, Any]) -> None:
+        write_json_atomic(self.environment_path, env)
+
+    def environment(self) -> dict[str, Any]:
+        """environment.json (empty when there is none); a wrong shape is one error."""
+        path = self.environment_path
+        try:
+            raw = read_json(path)
+        except FileNotFoundError:
+            return {}
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise RunDirError(
+                f"{path}: not valid JSON; run `prb run CONFIG` again to rewrite it", path=path
+            ) from None
+        if not isinstance(raw, dict):
+            raise RunDirError(
+                f"{path}: must be a JSON object; run `prb run CONFIG` again to rewrite it",
+                path=path,
+            )
+        return raw
+
+    def load_config(self, overrides: Sequence[str] = ()) -> Config | None:
+        """The run's run.yaml as a Config; None when the run has none."""
+        if not self.config_path.is_file():
+            return None
+        from pipeline.config import load_config
+
+        return load_config(self.config_path, list(overrides))
+
+    def try_config(self) -> Config | None:
+        """:meth:`load_config`, or None when run.yaml cannot be read (an older version's):
+        for readers that only want the settings when they are there."""
+        try:
+            return self.load_config()
+        except PipelineError:
+            return None
+
+    # ---- stages -----------------------------------------------------------------------
+    def stage(self, name: str) -> StageDir:
+        return StageDir(self.path / name)
+
+    def stages(self) -> list[StageDir]:
+        return [self.stage(n) for n in STAGE_NAMES]
+
+    def finished(self, name: str) -> StageDir:
+        """A finished stage, verified against its manifest; otherwise one error saying what
+        to run (see :meth:`StageDir.verified`)."""
+        return self.stage(name).verified()
+
+    def pair_records(self) -> Iterator[dict[str, Any]]:
+        """The kept pairs of the finished, verified pair stage, each a full pair record
+        (:mod:`pipeline.records`). A record of the wrong shape is one error naming the
+        shard, the line and the field."""
+        for _, _, rec in self.numbered_pair_records():
+            yield rec
+
+    def numbered_pair_records(self) -> Iterator[tuple[Path, int, dict[str, Any]]]:
+        """(shard, line, record) of every kept pair: :meth:`pair_records` with where each
+        record is, for errors about a record's content."""
+        stage = self.finished("pairs")
+        for path, line, rec in stage.numbered_rows():
+            missing = sorted(PAIR_RECORD_FIELDS - rec.keys())
+            try:
+                if missing:
+                    raise RecordProblem(missing[0], "present", None)
+                check_pair_record(rec)
+            except RecordProblem as exc:
+                detail = f"field '{exc.field}' is missing" if missing else str(exc)
+                raise RunDirError(
+                    f"{path}, line {line}: {detail}; {redo_hint('pairs')}", path=path, line=line
+                ) from None
+            yield path, line, rec
+
+    def is_run(self) -> bool:
+        """Whether this folder looks like a run directory: run.yaml, the request cache or a
+        stage folder in it."""
+        if self.config_path.is_file() or self.cache_path.is_file():
+            return True
+        return any((self.path / n / layout.STAGE_META).is_file() for n in STAGE_NAMES)
+
+    # ---- annotation rounds ------------------------------------------------------------
+    def round(self, number: int) -> Round:
+        check_round_number(number)
+        return Round(number, self.path / layout.ANNOTATE / f"{layout.ROUND_PREFIX}{number}")
+
+    def rounds(self) -> list[Round]:
+        """Every round folder, in number order (round-2 before round-10)."""
+        base = self.path / layout.ANNOTATE
+        if not base.is_dir():
+            return []
+        found = []
+        for p in base.iterdir():
+            m = layout.ROUND_RE.match(p.name)
+            if m and p.is_dir() and int(m.group(1)) >= 1:
+                found.append(Round(int(m.group(1)), p))
+        return sorted(found, key=lambda r: r.number)
+
+    # ---- what commands write beside the stages ----------------------------------------
+    @property
+    def release_dir(self) -> Path:
+        return self.path / layout.RELEASE
+
+    @property
+    def report_dir(self) -> Path:
+        return self.path / layout.REPORT
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / layout.EVAL
+
+    def has_release(self) -> bool:
+        return (self.release_dir / layout.RELEASE_ALL).is_dir()
+
+
+def run_of(path: Path) -> RunDir | None:
+    """The run a path belongs to: the run directory itself, or the run whose release,
+    report, eval or stage folder it is; None when it is none of these."""
+    path = Path(path)
+    if path.is_dir() and RunDir(path).is_run():
+        return RunDir(path)
+    parent = path.parent
+    known = (layout.RELEASE, layout.REPORT, layout.EVAL, *STAGE_NAMES)
+    if path.is_dir() and path.name in known and RunDir(parent).is_run():
+        return RunDir(parent)
+    return None
+
+
+def open_run(target: str | Path, overrides: Sequence[str] = ()) -> tuple[RunDir, Config | None]:
+    """The run a command is pointed at, and its config when one was given or is on disk.
+
+    ``target`` is a run directory (``outputs/<run>``) or the run's config file. Anything
+    else is one InputError saying what it is and what to pass instead; nothing is created.
+    """
+    target = Path(target)
+    hint = "pass a run directory (outputs/<run>) or the run's config file"
+    if not target.exists():
+        raise InputError(f"no such run directory or config file; {hint}", path=target)
+    if target.is_file():
+        if target.suffix not in (".yaml", ".yml"):
+            raise InputError(f"a file, not a run directory; {hint}", path=target)
+        from pipeline.config import load_config
+
+        cfg = load_config(target, list(overrides))
+        rd = RunDir(cfg.run_dir)
+        if not rd.path.is_dir():
+            raise InputError(
+                f"this config's run directory {rd.shown} does not exist yet; run "
+                f"`prb run {target}` first",
+                path=target,
+            )
+        return rd, cfg
+    if not target.is_dir():
+        raise InputError(f"not a file or a folder; {hint}", path=target)
+    rd = RunDir(target)
+    if not rd.is_run():
+        raise InputError(
+            "not a run directory (no run.yaml, cache.sqlite or stage folders); " + hint,
+            path=target,
+        )
+    found: Config | None = rd.load_config(overrides) if overrides else rd.try_config()
+    return rd, found
