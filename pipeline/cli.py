@@ -477,24 +477,25 @@ def cmd_audit(args: argparse.Namespace) -> int:
     res = audit(
         args.path, args.out, compare=args.compare, config=args.config, word_cap=args.word_cap
     )
-    probe, length, checks = res["shortcut_probe"], res["length"], res["checks"]
+    probe, length = res["shortcut_probe"], res["length"]
+    verdict = res["verdict"]  # the decision the report's headline and --fail-on read
     print(f"audited {res['n_pairs']} pairs from {res['source']['path']}")
     if res["source"].get("note"):
         print(f"  note: {res['source']['note']}")
+    print(verdict["headline"])
+    for reason in verdict["reasons"]:
+        print(f"  - {reason['text']}")
     print(f"  chosen longer in {length['share_chosen_longer']:.1%} of pairs")
-    if checks["pairs_flagged"]:
-        fired = ", ".join(f"{k} {v}" for k, v in checks["counts"].items() if v)
-        print(f"  checks fired on {checks['pairs_flagged']} pairs: {fired}")
-    else:
-        print(f"  no check fired ({len(checks['ran'])} checks ran)")
+    mark = {"flagged": "FLAGGED", "clear": "clear", "too_small": "too small to clear"}
     if "auc" in probe:
-        mark = "FLAGGED" if probe["flagged"] else "ok"
-        line = f"  shortcut probe AUC {probe['auc']:.3f} ({mark}, threshold {probe['threshold']})"
-        if probe["flagged"] and probe["drivers"]:
-            line += ": " + "; ".join(d["text"] for d in probe["drivers"])
-        print(line)
-    for w in res.get("warnings", []):
-        print(f"  warning: {w}")
+        top = probe["highest"]
+        print(
+            f"  shortcut probe ({mark[probe['status']]}): AUC {probe['auc']:.3f}, pooled "
+            f"{probe['pooled_auc']:.3f}; highest figure {top['label']} {top['value']:.3f} "
+            f"(threshold {probe['threshold']}; chance reaches {probe['chance_highest_p95']:.3f})"
+        )
+    else:
+        print(f"  shortcut probe ({mark[probe['status']]}): not run, {probe['skipped']}")
     if "compare" in res:
         other = res["compare"]
         print(

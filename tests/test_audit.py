@@ -79,7 +79,9 @@ def test_length_biased_set_is_flagged(tmp_path):
     assert probe["auc"] > probe["chance_auc_p95"]
     assert len(probe["fold_aucs"]) == 5
     assert probe["single_feature_auc"]["words"] == 1.0  # length alone separates them
-    assert any("shortcut probe" in f for f in fig["flags"])
+    reasons = fig["verdict"]["reasons"]
+    assert fig["verdict"]["status"] == "flagged" and probe["status"] == "flagged"
+    assert [r["kind"] for r in reasons if r["gate"] == "shortcut_probe"] == ["flagged"]
 
 
 def test_balanced_set_passes(tmp_path):
@@ -92,7 +94,8 @@ def test_balanced_set_passes(tmp_path):
     assert probe["flagged"] is False
     assert probe["above_chance"] is False
     assert 0.45 < probe["chance_auc_mean"] < 0.55
-    assert fig["flags"] == []
+    assert probe["status"] == "clear" and fig["verdict"]["status"] == "clear"
+    assert fig["verdict"]["reasons"] == []
     assert 0.35 < fig["length"]["share_chosen_longer"] < 0.65
 
 
@@ -102,9 +105,9 @@ def test_probe_is_deterministic_and_skips_tiny_sets(tmp_path):
     b = audit(write_jsonl(tmp_path / "b.jsonl", rows), tmp_path / "ob")["shortcut_probe"]
     assert a["fold_aucs"] == b["fold_aucs"]  # fixed seed: same folds, same figures
     tiny = audit(write_jsonl(tmp_path / "t.jsonl", rows[:4]), tmp_path / "ot")
-    assert "skipped" in tiny["shortcut_probe"] and not tiny["flags"]
+    assert "skipped" in tiny["shortcut_probe"] and tiny["verdict"]["status"] == "too_small"
     # too small to clear: a warning, never a green "no shortcut" (issue 11, item 3)
-    assert any("too few for the shortcut probe" in w for w in tiny["warnings"])
+    assert [r["kind"] for r in tiny["verdict"]["reasons"]] == ["cannot_clear"]
     page = (tmp_path / "ot" / "audit.html").read_text(encoding="utf-8")
     assert "No shortcut flagged" not in page and 'class="ok"' not in page
 

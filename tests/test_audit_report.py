@@ -113,6 +113,12 @@ def test_report_is_legible(tmp_path):
     assert 5 <= len(edges) - 1 <= 16 and edges[0] > 0
 
 
+def _probe_reason(fig: dict) -> dict:
+    """The verdict's reason that comes from the shortcut probe."""
+    (reason,) = [r for r in fig["verdict"]["reasons"] if r["gate"] == "shortcut_probe"]
+    return reason
+
+
 def test_probe_names_longer_chosen(tmp_path, capsys):
     src = write_jsonl(tmp_path / "longer.jsonl", crafted(120, biased=True))
     assert main(["audit", str(src), "--out", str(tmp_path / "out")]) == 0
@@ -121,10 +127,10 @@ def test_probe_names_longer_chosen(tmp_path, capsys):
     drivers = fig["shortcut_probe"]["drivers"]
     assert drivers[0]["feature"] in ("words", "chars") and drivers[0]["auc"] > 0.9
     assert drivers[0]["direction"] == "chosen has more"
-    assert "chosen answers are longer" in fig["flags"][0]
+    assert "chosen answers are longer" in _probe_reason(fig)["text"]
     assert "chosen answers are longer" in out and "FLAGGED" in out
     page = (tmp_path / "out" / "audit.html").read_text(encoding="utf-8")
-    assert "Driving features: chosen answers are longer" in page
+    assert "below 0.4): chosen answers are longer" in page
 
 
 def test_probe_names_bullet_lists(tmp_path):
@@ -144,17 +150,17 @@ def test_probe_names_bullet_lists(tmp_path):
     named = {d["feature"] for d in probe["drivers"]}
     assert "list_items" in named
     assert any("use more list items" in d["text"] for d in probe["drivers"])
-    assert "use more list items" in fig["flags"][0]
+    assert "use more list items" in _probe_reason(fig)["text"]
 
 
 def test_small_set_reports_asymmetries_not_a_clear(tmp_path, capsys):
     rows = crafted(4, biased=True)
     assert main(["audit", str(write_jsonl(tmp_path / "t.jsonl", rows))]) == 0
     out = capsys.readouterr().out
-    assert "too few for the shortcut probe" in out
+    assert "too small to clear of shortcuts: 4 pairs, the probe needs 10" in out
     assert "chosen answers are longer (in words) in 4 of 4 pairs" in out
     page = (tmp_path / "t-audit" / "audit.html").read_text(encoding="utf-8")
-    assert "No shortcut flagged" not in page and "cannot be cleared" in page
+    assert "No shortcut flagged" not in page and "too small to clear of shortcuts" in page
 
 
 def test_compare_two_sources(tmp_path, capsys):
@@ -197,7 +203,7 @@ def test_fail_on_exit_codes(tmp_path, capsys, fail_on, code):
     assert main(args + (["--fail-on", fail_on] if fail_on else [])) == code
     captured = capsys.readouterr()
     if not probe_case:
-        assert "checks fired on 1 pairs: empty 1" in captured.out
+        assert "checks fired on 1 of 40 pairs (empty 1;" in captured.out
     if code:
         assert "audit gate failed" in captured.err
         assert ("shortcut probe flagged" in captured.err) == probe_case

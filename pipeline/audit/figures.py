@@ -15,7 +15,6 @@ from typing import Any
 from pipeline.audit.checks import CHECKS, PROBE_GATE, categories, check_row, check_set
 from pipeline.audit.load import check_types
 from pipeline.audit.probe import (
-    PROBE_MIN_PAIRS,
     asymmetries,
     feature_difference,
     probe_matrix,
@@ -336,38 +335,139 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def _summary(fig: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(flags, warnings): what failed, and what could not be cleared."""
-    flags: list[str] = []
-    warnings: list[str] = []
-    probe = fig["shortcut_probe"]
-    if probe.get("flagged"):
-        chance = (
-            ""
-            if probe["above_chance"]
-            else f" (but within chance at {probe['pairs']} pairs: 95% of side-swapped runs "
-            f"reach {probe['chance_auc_p95']:.3f})"
-        )
-        named = "; ".join(d["text"] for d in probe["drivers"]) or "no single feature stands out"
-        flags.append(
-            f"shortcut probe AUC {probe['auc']:.3f} > {probe['threshold']}: surface features "
-            f"tell the chosen answer apart ({named}); the benchmark may reward style, not "
-            "preference" + chance
-        )
-    elif "skipped" in probe:
+def _probe_reason(probe: dict[str, Any]) -> dict[str, Any] | None:
+    """The probe's part of the verdict: what it found, in one sentence, or None when it
+    clears the set."""
+    status, n, thr = probe["status"], probe["pairs"], probe["threshold"]
+    if status == "clear":
+        return None
+    if "auc" not in probe:  # not run
         asym = [a["text"] for a in probe.get("asymmetries", []) if a.get("notable")]
-        warnings.append(
-            f"only {probe['pairs']} pairs: too few for the shortcut probe (it needs "
-            f"{PROBE_MIN_PAIRS}), so this set cannot be cleared of shortcuts"
+        text = (
+            f"too small to clear of shortcuts: {n} pairs, the probe needs {probe['needs_pairs']}"
             + (f"; plain asymmetries: {'; '.join(asym)}" if asym else "")
         )
-    checks = fig["checks"]
-    if checks["pairs_flagged"]:
-        fired = ", ".join(f"{k} {v}" for k, v in checks["counts"].items() if v)
-        flags.append(
-            f"checks fired on {checks['pairs_flagged']} of {fig['n_pairs']} pairs: {fired}"
+        return {"gate": PROBE_GATE, "kind": "cannot_clear", "text": text}
+    chance = f"95% of side-swapped runs at {n:,} pairs reach {probe['chance_highest_p95']:.3f}"
+    top, over = probe["highest"], probe["over_threshold"]
+    highest = f"its highest figure, {top['label']} {top['value']:.3f}"
+    more = len(over) - 1
+    others = f" (so {'is' if more == 1 else 'are'} {more} more)" if more else ""
+    if status == "flagged":
+        named = "; ".join(d["text"] for d in probe["drivers"])
+        text = (
+            f"shortcut probe flagged: {highest}, is over {thr}{others} and over chance "
+            f"({chance}): "
+            + (named or "no single feature passes alone, the features together do")
+            + "; the benchmark may reward style, not preference"
         )
-    return flags, warnings
+        return {"gate": PROBE_GATE, "kind": "flagged", "text": text}
+    why = (
+        f"{highest}, is over {thr}{others}, but {chance}, so it may be chance"
+        if over
+        else f"{highest}, is under {thr}, but {chance}, so a shortcut could pass unseen"
+    )
+    text = (
+        f"too small to clear of shortcuts: {n:,} pairs, the probe needs about "
+        f"{probe['needs_pairs']:,}: {why}"
+    )
+    return {"gate": PROBE_GATE, "kind": "cannot_clear", "text": text}
+
+
+def verdict(fig: dict[str, Any]) -> dict[str, Any]:
+    """The audit's one decision, which the page's headline, the CLI's summary and the
+    ``--fail-on`` gate all read: ``status`` (``clear``, ``flagged`` or ``too_small``), a
+    ``headline``, and ``reasons``, one per check that fired and one for the probe unless
+    it clears the set, each with the ``gate`` code ``--fail-on`` matches it by."""
+    checks, probe, n = fig["checks"], fig["shortcut_probe"], fig["n_pairs"]
+    fired = {code: k for code, k in checks["counts"].items() if k}
+    reasons: list[dict[str, Any]] = [
+        {
+            "gate": code,
+            "kind": "fired",
+            "text": f"{CHECKS[code].label} ({code}) fired on {k:,} of {n:,} pairs",
+        }
+        for code, k in fired.items()
+    ]
+    probe_reason = _probe_reason(probe)
+    if probe_reason is not None:
+        reasons.append(probe_reason)
+    if fired or probe["status"] == "flagged":
+        status = "flagged"
+    elif probe["status"] == "too_small":
+        status = "too_small"
+    else:
+        status = "clear"
+
+    ran = f"{len(checks['ran'])} of {len(CHECKS)} checks ran"
+    parts = []
+    if fired:
+        listed = ", ".join(f"{code} {k:,}" for code, k in fired.items())
+        parts.append(
+            f"checks fired on {checks['pairs_flagged']:,} of {n:,} pairs ({listed}; {ran})"
+        )
+    if probe["status"] == "flagged":
+        top = probe["highest"]
+        parts.append(f"shortcut probe: {top['label']} {top['value']:.3f} > {probe['threshold']}")
+    if probe["status"] == "too_small":
+        about = "" if "auc" not in probe else "about "
+        parts.append(
+            f"too small to clear of shortcuts: {n:,} pairs, the probe needs "
+            f"{about}{probe['needs_pairs']:,}"
+        )
+    if not fired:
+        parts.append(f"no check fired ({ran})")
+    if probe["status"] == "clear" and fired:
+        top = probe["highest"]
+        parts.append(
+            f"the shortcut probe clears the set ({top['label']} {top['value']:.3f} ≤ "
+            f"{probe['threshold']})"
+        )
+    if status == "flagged":
+        headline = "Flagged: " + "; ".join(parts) + "."
+    elif status == "too_small":
+        text = "; ".join(parts)
+        headline = text[0].upper() + text[1:] + "."
+    else:
+        top = probe["highest"]
+        headline = (
+            f"Clear: no check fired ({ran}) and the shortcut probe clears the set (highest "
+            f"figure {top['label']} {top['value']:.3f} ≤ {probe['threshold']}; 95% of "
+            f"side-swapped runs at {n:,} pairs reach {probe['chance_highest_p95']:.3f})."
+        )
+    shortcut = {
+        k: probe.get(k)
+        for k in (
+            "status",
+            "pairs",
+            "threshold",
+            "highest",
+            "over_threshold",
+            "chance_highest_p95",
+            "needs_pairs",
+        )
+    }
+    shortcut["ran"] = "auc" in probe
+    if probe["status"] == "clear":
+        top = probe["highest"]
+        shortcut["clear_text"] = (
+            f"the shortcut probe clears the set: its highest figure, {top['label']} "
+            f"{top['value']:.3f}, is at or under {probe['threshold']}, and at {n:,} pairs "
+            f"the probe can tell {probe['threshold']} from chance (95% of side-swapped runs "
+            f"reach {probe['chance_highest_p95']:.3f})"
+        )
+    return {
+        "status": status,
+        "headline": headline,
+        "reasons": reasons,
+        "checks": {
+            "fired": fired,
+            "pairs_flagged": checks["pairs_flagged"],
+            "ran": checks["ran"],
+            "not_run": checks["not_run"],
+        },
+        "shortcut": shortcut,
+    }
 
 
 def analyse(
@@ -440,11 +540,12 @@ def analyse(
             blind, "judge callable" if judge is not None else "pairwise_blind column"
         ),
         "per_category": _per_category(rows, wc, wr, sims, blind, flags),
+        "has_category": any(c is not None for c in cats),
         "agreement": _agreement_figures(rows, Path(source["path"])),
         "checks": _checks_figures(rows, flags, rules),
         "shortcut_probe": probe,
     }
-    fig["flags"], fig["warnings"] = _summary(fig)
+    fig["verdict"] = verdict(fig)
     lap("figures")
     return _clean(fig), flags
 
@@ -456,9 +557,9 @@ def compute_figures(
     *,
     rules: Rules | None = None,
 ) -> dict[str, Any]:
-    """Every figure of the audit, as a JSON-serialisable dict (flags summarised)."""
+    """Every figure of the audit, as a JSON-serialisable dict (with its ``verdict``)."""
     return analyse(rows, source, judge, rules=rules)[0]
 
 
 # the probe's gate name, re-exported for callers that build --fail-on lists
-__all__ = ["PROBE_GATE", "Judge", "analyse", "compute_figures", "nice_edges"]
+__all__ = ["PROBE_GATE", "Judge", "analyse", "compute_figures", "nice_edges", "verdict"]

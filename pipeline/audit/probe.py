@@ -2,8 +2,9 @@
 
 A benchmark such features can solve measures style, not personal preference. The probe is a
 logistic regression on (chosen - rejected) feature differences, symmetrised, with 5-fold
-cross-validation split by pair; it is flagged when its AUC exceeds ``PROBE_FLAG_AUC``, and
-it names the features that drive it by their single-feature AUC and direction. Under
+cross-validation split by pair, plus each feature's AUC alone. One rule
+(:func:`probe_status`) turns its figures into ``clear``, ``flagged`` or ``too_small``; it
+names the features that drive it by their single-feature AUC and direction. Under
 ``PROBE_MIN_PAIRS`` pairs it cannot run; :func:`asymmetries` still says which side is
 longer or more formatted, pair by pair.
 """
@@ -26,8 +27,8 @@ PROBE_MIN_PAIRS = 10
 # Side-swapped re-runs that give the probe's chance level, on at most this many pairs.
 PROBE_NULL_RUNS = 20
 PROBE_NULL_MAX_PAIRS = 5000
-# A feature drives the probe when its single-feature AUC is this far from 0.5.
-DRIVER_MIN_DISTANCE = 0.1
+# A feature drives the probe when, alone, it passes the threshold in either direction
+# (its AUC above PROBE_FLAG_AUC or below 1 - PROBE_FLAG_AUC): the same test the rule uses.
 MAX_DRIVERS = 3
 # A plain asymmetry is notable when one side has more of a feature in this share of pairs.
 ASYMMETRY_SHARE = 0.75
@@ -242,14 +243,20 @@ def _differences(rows: Sequence[dict[str, Any]]) -> Any:
     return out
 
 
+def strength(auc: float) -> float:
+    """How well one feature separates the sides, whichever side has more of it: an AUC of
+    0.3 (the chosen has less) separates as well as 0.7."""
+    return max(auc, 1.0 - auc)
+
+
 def drivers(single: dict[str, float]) -> list[dict[str, Any]]:
-    """The features whose single-feature AUC is furthest from 0.5 (at least
-    ``DRIVER_MIN_DISTANCE``), strongest first, each with its direction in words."""
+    """The features that alone pass the threshold (:func:`strength` above
+    ``PROBE_FLAG_AUC``), strongest first, each with its direction in words."""
     out = []
-    ranked = sorted(PROBE_FEATURES, key=lambda f: (-abs(single[f] - 0.5), PROBE_FEATURES.index(f)))
+    ranked = sorted(PROBE_FEATURES, key=lambda f: (-strength(single[f]), PROBE_FEATURES.index(f)))
     for f in ranked[:MAX_DRIVERS]:
         auc = single[f]
-        if abs(auc - 0.5) < DRIVER_MIN_DISTANCE:
+        if strength(auc) <= PROBE_FLAG_AUC:
             break
         more = auc > 0.5
         phrase = FEATURE_NAMES[f][1 if more else 2]
@@ -293,6 +300,68 @@ def asymmetries(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _single_aucs(diff: Any) -> list[float]:
+    """Each feature's AUC alone on the symmetrised pairs (no fitting: the difference
+    itself is the score)."""
+    import numpy as np
+
+    x_all = np.concatenate([diff, -diff])
+    y_all = np.concatenate([np.ones(len(diff)), np.zeros(len(diff))])
+    return [_auc(y_all, x_all[:, i]) for i in range(diff.shape[1])]
+
+
+def _figures(diff: Any, seed: int) -> tuple[list[float], float, list[float]]:
+    """The probe's figures on one matrix: per-fold AUCs, the pooled out-of-fold AUC and the
+    single-feature AUCs."""
+    fold_aucs, oof_y, oof_p = _cv_auc(diff, seed)
+    return fold_aucs, _auc(oof_y, oof_p), _single_aucs(diff)
+
+
+def _highest(auc: float, pooled: float, single: Sequence[float]) -> float:
+    """The figure the rule reads: the highest of the cross-validated AUC, the pooled AUC
+    and every feature's strength alone."""
+    return max(auc, pooled, *(strength(a) for a in single))
+
+
+def probe_status(probe: dict[str, Any]) -> dict[str, Any]:
+    """The rule that turns the probe's figures into one decision (docs/audit.md, "The
+    shortcut probe"): ``flagged`` when its highest figure is above the threshold and above
+    what 95% of side-swapped runs of the same size reach; ``clear`` when that figure and
+    the chance level are both at or under the threshold; else ``too_small`` (the set is too
+    small for the figures to tell a shortcut from chance), with ``needs_pairs``, about the
+    size at which chance stays under the threshold."""
+    thr = PROBE_FLAG_AUC
+    n = probe["pairs"]
+    if "auc" not in probe:  # not run
+        return {"status": "too_small", "needs_pairs": PROBE_MIN_PAIRS, "over_threshold": []}
+    single = probe["single_feature_auc"]
+    figures = [
+        {"figure": "auc", "label": "AUC (mean over folds)", "value": probe["auc"]},
+        {"figure": "pooled_auc", "label": "pooled out-of-fold AUC", "value": probe["pooled_auc"]},
+        *(
+            {
+                "figure": f"single_feature_auc.{f}",
+                "label": f"{feature_name(f)} alone",
+                "value": round(strength(single[f]), 4),
+            }
+            for f in PROBE_FEATURES
+        ),
+    ]
+    figures.sort(key=lambda x: -x["value"])
+    top, chance = figures[0]["value"], probe["chance_highest_p95"]
+    over = [x for x in figures if x["value"] > thr]
+    if top > thr and top > chance:
+        status = "flagged"
+    elif top <= thr and chance <= thr:
+        status = "clear"
+    else:
+        status = "too_small"
+    # the chance band's distance from 0.5 shrinks as 1/sqrt(n): the size at which it
+    # would sit at the threshold
+    needs = math.ceil(n * ((chance - 0.5) / (thr - 0.5)) ** 2) if status == "too_small" else None
+    return {"status": status, "highest": figures[0], "over_threshold": over, "needs_pairs": needs}
+
+
 def shortcut_probe(
     rows: Sequence[dict[str, Any]],
     *,
@@ -300,17 +369,20 @@ def shortcut_probe(
     diff: Any = None,
 ) -> dict[str, Any]:
     """Cross-validated AUC of a logistic regression telling chosen from rejected by
-    surface features, with folds split by pair, the AUCs it reaches by chance, and the
-    features that drive it. ``diff``: the (chosen - rejected) feature matrix, if the caller
+    surface features, with folds split by pair, each feature's AUC alone, the figures
+    reached by chance, the features that drive it and the decision of
+    :func:`probe_status`. ``diff``: the (chosen - rejected) feature matrix, if the caller
     built it (:func:`probe_matrix`, :func:`feature_difference`)."""
     n = len(rows)
     if n < PROBE_MIN_PAIRS:
-        return {
+        out: dict[str, Any] = {
             "skipped": f"{n} pairs; the probe needs at least {PROBE_MIN_PAIRS}",
-            "too_small": True,
             "pairs": n,
-            "flagged": None,
+            "threshold": PROBE_FLAG_AUC,
         }
+        out.update(probe_status(out))
+        out["flagged"] = False
+        return out
     import numpy as np
 
     clock = time.perf_counter()
@@ -319,14 +391,14 @@ def shortcut_probe(
     if timings is not None:
         timings["probe_features_s"] = round(time.perf_counter() - clock, 3)
         clock = time.perf_counter()
-    fold_aucs, oof_y, oof_p = _cv_auc(diff, PROBE_SEED)
+    fold_aucs, pooled, single_list = _figures(diff, PROBE_SEED)
     auc = float(np.mean(fold_aucs))
 
-    # The chance level: the same probe on pairs whose sides were swapped at random. Its
-    # spread is wide on small sets (about 0.07 at 150 pairs, 0.04 at 400), so a small set
-    # can pass 0.6 by luck; the report shows the band next to the flag. Past
-    # PROBE_NULL_MAX_PAIRS pairs the swapped runs use a random sample of that many and
-    # their distance from 0.5 is scaled by sqrt(sample / n) (an AUC's chance spread
+    # The chance level: the same figures on pairs whose sides were swapped at random. Its
+    # spread is wide on small sets (the highest figure reaches 0.9 at 10 pairs), so a
+    # small set can pass the threshold by luck, and a figure under it proves nothing.
+    # Past PROBE_NULL_MAX_PAIRS pairs the swapped runs use a random sample of that many
+    # and their distance from 0.5 is scaled by sqrt(sample / n) (an AUC's chance spread
     # shrinks as 1/sqrt(n)): the band is then a few thousandths wide either way, and the
     # 100 extra fits stop growing with the set.
     rng = np.random.default_rng(PROBE_SEED)
@@ -334,39 +406,31 @@ def shortcut_probe(
     if n > PROBE_NULL_MAX_PAIRS:
         sample = diff[rng.choice(n, size=PROBE_NULL_MAX_PAIRS, replace=False)]
     shrink = math.sqrt(len(sample) / n)
-    null = sorted(
-        0.5
-        + shrink
-        * (
-            float(
-                np.mean(
-                    _cv_auc(
-                        sample * rng.choice([-1.0, 1.0], size=(len(sample), 1)), PROBE_SEED + k
-                    )[0]
-                )
-            )
-            - 0.5
-        )
-        for k in range(PROBE_NULL_RUNS)
-    )
-    null_p95 = null[math.ceil(0.95 * len(null)) - 1]
+    null_auc, null_top = [], []
+    for k in range(PROBE_NULL_RUNS):
+        swapped = sample * rng.choice([-1.0, 1.0], size=(len(sample), 1))
+        f_aucs, f_pooled, f_single = _figures(swapped, PROBE_SEED + k)
+        null_auc.append(0.5 + shrink * (float(np.mean(f_aucs)) - 0.5))
+        null_top.append(0.5 + shrink * (_highest(float(np.mean(f_aucs)), f_pooled, f_single) - 0.5))
+    null_auc.sort()
+    null_top.sort()
+    p95 = math.ceil(0.95 * PROBE_NULL_RUNS) - 1
 
-    x_all = np.concatenate([diff, -diff])
-    y_all = np.concatenate([np.ones(n), np.zeros(n)])
     _, std_coefs = _fit_pairs(diff)
-    single = {name: round(_auc(y_all, x_all[:, i]), 4) for i, name in enumerate(PROBE_FEATURES)}
+    single = {name: round(a, 4) for name, a in zip(PROBE_FEATURES, single_list, strict=True)}
     if timings is not None:
         timings["probe_fit_s"] = round(time.perf_counter() - clock, 3)
-    return {
+    out = {
         "auc": round(auc, 4),
         "fold_aucs": [round(a, 4) for a in fold_aucs],
-        "pooled_auc": round(_auc(oof_y, oof_p), 4),
-        "flagged": auc > PROBE_FLAG_AUC,
+        "pooled_auc": round(pooled, 4),
         "threshold": PROBE_FLAG_AUC,
-        "chance_auc_mean": round(float(np.mean(null)), 4),
-        "chance_auc_p95": round(null_p95, 4),
+        "chance_auc_mean": round(float(np.mean(null_auc)), 4),
+        "chance_auc_p95": round(null_auc[p95], 4),
+        # the same for the highest figure, which the rule compares
+        "chance_highest_p95": round(null_top[p95], 4),
         "chance_sample": len(sample),
-        "above_chance": auc > null_p95,
+        "above_chance": auc > null_auc[p95],
         "folds": PROBE_FOLDS,
         "seed": PROBE_SEED,
         "pairs": n,
@@ -379,3 +443,6 @@ def shortcut_probe(
         "single_feature_auc": single,
         "drivers": drivers(single),
     }
+    out.update(probe_status(out))
+    out["flagged"] = out["status"] == "flagged"
+    return out

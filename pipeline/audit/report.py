@@ -29,14 +29,15 @@ _E = html.escape
 # ---- plots ------------------------------------------------------------------------------
 
 
-def _axis(v: float) -> tuple[float, float]:
+def _axis(v: float, integer: bool = False) -> tuple[float, float]:
     """(axis maximum, tick step): round ticks (1, 2 or 5 times a power of ten), three to
-    six intervals, the axis just above the largest value."""
+    six intervals, the axis just above the largest value. ``integer``: for counts, the
+    step is a whole number (at least 1), so no tick reads 0.5 answers."""
     if v <= 0:
-        return 1.0, 0.25
+        return (1.0, 1.0) if integer else (1.0, 0.25)
     mag = 10 ** math.floor(math.log10(v / 6))
     for m in (1, 2, 5, 10, 20):
-        step = m * mag
+        step = max(m * mag, 1) if integer else m * mag
         if v / step <= 6:
             return step * max(math.ceil(v / step - 1e-9), 1), step
     return v, v / 4  # pragma: no cover - the loop always returns
@@ -61,20 +62,25 @@ def svg_bars(
     x_title: str = "",
     y_title: str = "",
     percent: bool = False,
+    integer: bool = False,
 ) -> str:
     """A grouped vertical bar chart as inline SVG (no script, no external reference),
-    with axis titles, y ticks and x labels that fit (rotated when there are many)."""
-    width, left, right = 720, 64, 16
+    with axis titles, y ticks and x labels that fit (rotated when there are many).
+    ``integer``: the values are counts, and the y ticks whole numbers. The caller draws
+    no chart without data (:func:`_no_chart` says why instead)."""
+    width, left, right, plot_h = 720, 64, 16, 204
     top = 50 if len(series) > 1 else 34  # room for the legend under the title
-    many = len(labels) > 8 or max((len(lb) for lb in labels), default=0) > 12
-    bottom = 150 if many else 62  # rotated labels of up to 36 characters fit above the title
-    height = 300 + (88 if many else 0)
-    plot_w, plot_h = width - left - right, height - top - bottom
+    longest = min(max((len(lb) for lb in labels), default=0), 36)
+    many = len(labels) > 8 or longest > 12
+    # rotated labels (-35 degrees, about 5.5 px per character) take sin(35) of their length
+    bottom = (24 + math.ceil(3.2 * longest) + 26) if many else 62
+    height = top + plot_h + bottom
+    plot_w = width - left - right
     vals = [v for s in series.values() for v in s if v is not None]
     if y_max is not None:
         axis_max, tick_step = y_max, y_max / 4
     else:
-        axis_max, tick_step = _axis(max([*vals, 0.0]))
+        axis_max, tick_step = _axis(max([*vals, 0.0]), integer)
     n_ticks = round(axis_max / tick_step)
     n_groups, n_series = max(len(labels), 1), max(len(series), 1)
     group_w = plot_w / n_groups
@@ -101,7 +107,7 @@ def svg_bars(
             v = value or 0.0
             h = plot_h * min(max(v, 0.0) / axis_max, 1.0) if axis_max else 0.0
             x = left + gi * group_w + group_w * 0.1 + si * bar_w
-            shown = f"{v * 100:.1f}%" if percent else f"{v:,.4g}"
+            shown = f"{v * 100:.1f}%" if percent else f"{v:,.0f}" if integer else f"{v:,.4g}"
             parts.append(
                 f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{max(bar_w - 1, 1):.1f}" '
                 f'height="{h:.1f}" fill="{color}"><title>{_E(name)}, {_E(labels[gi])}: '
@@ -153,9 +159,14 @@ def svg_hbars(
     x_max: float,
     x_title: str,
     reference: float | None = None,
+    band: tuple[float, float] | None = None,
+    origin: float = 0.0,
     fmt: str = "{:.2f}",
 ) -> str:
-    """Horizontal bars with their labels on the left: for long labels (features, checks)."""
+    """Horizontal bars with their labels on the left: for long labels (features, checks).
+    Each bar runs from ``origin`` to its value (an AUC's bar from 0.5, so 0.3 and 0.7
+    look equally strong). ``reference``: a dashed line; ``band``: a shaded span, and bars
+    that end outside it are drawn in the flag colour."""
     left, right, top, row_h = 190, 60, 34, 20
     width = 720
     plot_w = width - left - right
@@ -166,17 +177,39 @@ def svg_hbars(
         f'<text x="{width / 2}" y="18" text-anchor="middle" font-size="14" '
         f'font-weight="bold">{_E(title)}</text>',
     ]
+    base = top + row_h * len(labels) + 4
+    if band is not None:
+        x0, x1 = (left + plot_w * b / x_max for b in band)
+        parts.append(
+            f'<rect x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" height="{base - top}" '
+            'fill="#edf2f7"/>'
+            + "".join(
+                f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{base}" stroke="#975a16"/>'
+                for x in (x0, x1)
+            )
+        )
+
+    def at(v: float) -> float:
+        return left + plot_w * min(max(v, 0.0) / x_max, 1.0) if x_max else float(left)
+
     for i, (label, v) in enumerate(zip(labels, values, strict=True)):
         y = top + i * row_h
-        w = plot_w * min(max(v, 0.0) / x_max, 1.0) if x_max else 0.0
+        x0, x1 = sorted((at(origin), at(v)))
         short = label if len(label) <= 30 else label[:29] + "…"
+        outside = band is not None and not band[0] <= v <= band[1]
+        color = "#9b2c2c" if outside else _COLORS[0]
+        # the value sits past the bar's end, on the side it grows to (right when there is
+        # no room on the left, next to the row's label)
+        if round(v, 2) < origin and x0 - left > 34:
+            value = f'<text x="{x0 - 4:.1f}" y="{y + 14}" text-anchor="end" font-size="11">'
+        else:
+            value = f'<text x="{x1 + 4:.1f}" y="{y + 14}" font-size="11">'
         parts.append(
             f'<text x="{left - 8}" y="{y + 14}" text-anchor="end" font-size="12">{_E(short)}'
-            f'</text><rect x="{left}" y="{y + 3}" width="{w:.1f}" height="{row_h - 6}" '
-            f'fill="{_COLORS[0]}"><title>{_E(label)}: {_E(fmt.format(v))}</title></rect>'
-            f'<text x="{left + w + 4:.1f}" y="{y + 14}" font-size="11">{_E(fmt.format(v))}</text>'
+            f'</text><rect x="{x0:.1f}" y="{y + 3}" width="{x1 - x0:.1f}" '
+            f'height="{row_h - 6}" fill="{color}"><title>{_E(label)}: {_E(fmt.format(v))}'
+            f"</title></rect>{value}{_E(fmt.format(v))}</text>"
         )
-    base = top + row_h * len(labels) + 4
     parts.append(f'<line x1="{left}" y1="{base}" x2="{left + plot_w}" y2="{base}" stroke="#333"/>')
     _, step = _axis(x_max)
     n_ticks = max(round(x_max / step), 1)
@@ -252,14 +285,26 @@ def _json_for_html(obj: Any) -> str:
 # ---- sections ---------------------------------------------------------------------------
 
 
+def _no_chart(why: str) -> str:
+    """What stands where a chart would be when there is nothing to plot."""
+    return f'<p class="nochart">No chart: {_E(why)}.</p>'
+
+
+_STATUS_CLASS = {"clear": "ok", "flagged": "flag", "too_small": "warn"}
+_REASON_CLASS = {"fired": "flag", "flagged": "flag", "cannot_clear": "warn"}
+
+
 def _summary_section(fig: dict[str, Any]) -> str:
-    out = "".join(f'<p class="flag">{_E(f)}</p>' for f in fig["flags"])
-    out += "".join(f'<p class="warn">{_E(w)}</p>' for w in fig.get("warnings", []))
-    probe = fig["shortcut_probe"]
-    if not out and "auc" in probe:
-        out = (
-            '<p class="ok">No shortcut flagged (probe AUC '
-            f"{probe['auc']:.3f} ≤ {probe['threshold']}) and no check fired.</p>"
+    """The verdict: its headline and every reason, as ``--fail-on`` and the CLI read them."""
+    v = fig["verdict"]
+    out = f'<p class="headline {_STATUS_CLASS[v["status"]]}">{_E(v["headline"])}</p>'
+    if v["reasons"]:
+        out += (
+            "<ul>"
+            + "".join(
+                f'<li class="{_REASON_CLASS[r["kind"]]}">{_E(r["text"])}</li>' for r in v["reasons"]
+            )
+            + "</ul>"
         )
     return f"<h2>Summary</h2>{out}"
 
@@ -281,13 +326,17 @@ def _checks_section(fig: dict[str, Any]) -> str:
         else:
             rows.append((check.label, code, "not run", "", c["not_run"].get(code, "")))
     ran = [code for code in CHECKS if code in c["counts"]]
-    chart = svg_hbars(
-        "Pairs flagged per check (per 100 pairs)",
-        [CHECKS[k].label for k in ran],
-        [c["per_100"].get(k, 0.0) for k in ran],
-        x_max=_nice_max(max([c["per_100"].get(k, 0.0) for k in ran] + [1.0])),
-        x_title="pairs flagged per 100 pairs",
-        fmt="{:.1f}",
+    chart = (
+        svg_hbars(
+            "Pairs flagged per check (per 100 pairs)",
+            [CHECKS[k].label for k in ran],
+            [c["per_100"].get(k, 0.0) for k in ran],
+            x_max=_nice_max(max([c["per_100"].get(k, 0.0) for k in ran] + [1.0])),
+            x_title="pairs flagged per 100 pairs",
+            fmt="{:.1f}",
+        )
+        if c["pairs_flagged"]
+        else _no_chart(f"no check fired on any of the {fig['n_pairs']:,} pairs")
     )
     cap = c["rules"]
     return (
@@ -347,6 +396,7 @@ def _length_section(fig: dict[str, Any]) -> str:
             {"chosen": ln["histogram"]["chosen"], "rejected": ln["histogram"]["rejected"]},
             x_title="words per answer",
             y_title="answers",
+            integer=True,
         )
     )
 
@@ -365,12 +415,24 @@ def _similarity_section(fig: dict[str, Any]) -> str:
             {"pairs": sim["histogram"]["counts"]},
             x_title="word-level similarity (0-100)",
             y_title="pairs",
+            integer=True,
         )
     )
 
 
 def _judge_sections(fig: dict[str, Any]) -> str:
     out = ""
+    missing = []
+    if not fig["quality_gap"]:
+        missing.append("quality gap (no quality_chosen / quality_rejected columns)")
+    if not fig["coverage_gap"]:
+        missing.append("coverage gap (no coverage_chosen_mean / coverage_rejected_mean columns)")
+    if not fig["leakage"]:
+        missing.append("rubric-blind leakage (no pairwise_blind column)")
+    if not fig["agreement"]:
+        missing.append(
+            "human agreement (no human_verdict column and no agreement rounds in release.json)"
+        )
     if fig["quality_gap"]:
         q = fig["quality_gap"]["dimensions"]
         out += "<h2>Quality gap (rubric-blind judge, chosen − rejected)</h2>" + _grid(
@@ -430,13 +492,24 @@ def _judge_sections(fig: dict[str, Any]) -> str:
                 if isinstance(r, dict)
             )
         )
+    if missing:
+        said = "Not in this source, so not shown: " + "; ".join(_E(m) for m in missing) + "."
+        # with no judge figure at all the note gets the section's heading
+        out += (
+            f'<p class="note">{said}</p>'
+            if out
+            else f"<h2>Judge and human figures</h2><p>{said}</p>"
+        )
     return out
 
 
 def _category_section(fig: dict[str, Any]) -> str:
     cats = fig["per_category"]
-    if not cats:
-        return ""
+    if not fig.get("has_category", True):
+        return "<h2>Per category</h2><p>No category column in this source.</p>"
+    judged = fig["leakage"] is not None  # the blind judge's column only where it exists
+    head = ["category", "pairs", "words, chosen", "words, rejected", "chosen longer"]
+    head += ["similarity", *(["blind judge prefers chosen"] if judged else []), "flagged per 100"]
     rows = [
         (
             cat,
@@ -445,27 +518,13 @@ def _category_section(fig: dict[str, Any]) -> str:
             c["mean_words_rejected"],
             _fmt(c["share_chosen_longer"], True),
             c["mean_similarity"],
-            _fmt(c["blind_prefers_chosen"], True),
+            *([_fmt(c["blind_prefers_chosen"], True)] if judged else []),
             c["flagged_per_100"],
         )
         for cat, c in cats.items()
     ]
-    return (
-        "<h2>Per category</h2>"
-        + _grid(
-            [
-                "category",
-                "pairs",
-                "words, chosen",
-                "words, rejected",
-                "chosen longer",
-                "similarity",
-                "blind judge prefers chosen",
-                "flagged per 100",
-            ],
-            rows,
-        )
-        + svg_bars(
+    chart = (
+        svg_bars(
             "Pairs where the chosen is longer, per category",
             list(cats),
             {"chosen longer": [c["share_chosen_longer"] or 0.0 for c in cats.values()]},
@@ -474,17 +533,30 @@ def _category_section(fig: dict[str, Any]) -> str:
             y_title="share of pairs",
             percent=True,
         )
+        if len(cats) > 1
+        else _no_chart("one category only; the table holds its figures")
     )
+    return "<h2>Per category</h2>" + _grid(head, rows) + chart
+
+
+_PROBE_STATUS = {
+    "clear": "Clears the set",
+    "flagged": "Flagged",
+    "too_small": "Too small to clear",
+}
 
 
 def _probe_section(fig: dict[str, Any]) -> str:
     probe = fig["shortcut_probe"]
+    thr = probe["threshold"]
+    reason = next((r for r in fig["verdict"]["reasons"] if r["gate"] == "shortcut_probe"), None)
+    said = reason["text"] if reason else fig["verdict"]["shortcut"]["clear_text"]
+    decision = f'<p class="{_STATUS_CLASS[probe["status"]]}">{_E(said[0].upper() + said[1:])}.</p>'
     if "auc" not in probe:
         asym = probe.get("asymmetries") or []
         return (
-            f'<h2>Shortcut probe</h2><p class="warn">Not run: {_E(probe["skipped"])}. '
-            "The set cannot be cleared of shortcuts; the plain asymmetries below are what "
-            "it shows.</p>"
+            f"<h2>Shortcut probe</h2>{decision}<p>Not run: {_E(probe['skipped'])}. The plain "
+            "asymmetries below are what the set shows.</p>"
             + _grid(
                 ["feature", "chosen has more", "chosen has less", "equal"],
                 [(a["label"], a["chosen_more"], a["chosen_less"], a["equal"]) for a in asym],
@@ -492,35 +564,49 @@ def _probe_section(fig: dict[str, Any]) -> str:
         )
     drivers = probe.get("drivers") or []
     named = (
-        "<p>Driving features: " + "; ".join(_E(d["text"]) for d in drivers) + ".</p>"
+        f"<p>Features that alone pass {thr} (AUC above {thr} or below {1 - thr:.1f}): "
+        + "; ".join(_E(d["text"]) for d in drivers)
+        + ".</p>"
         if drivers
-        else "<p>No single feature separates the sides (every single-feature AUC is within "
-        "0.1 of 0.5).</p>"
+        else f"<p>No single feature passes {thr} alone (every single-feature AUC is between "
+        f"{1 - thr:.1f} and {thr}).</p>"
     )
     feats = probe["features"]
+    top = probe["highest"]
     return (
-        "<h2>Shortcut probe</h2><p>Logistic regression on surface features of "
-        "(chosen − rejected), symmetrised, "
-        f"{probe['folds']}-fold cross-validation split by pair (seed {probe['seed']}). "
-        f"Flagged above AUC {probe['threshold']}.</p>"
+        "<h2>Shortcut probe</h2>"
+        + decision
+        + "<p>Logistic regression on surface features of (chosen − rejected), symmetrised, "
+        f"{probe['folds']}-fold cross-validation split by pair (seed {probe['seed']}), and "
+        "each feature's AUC alone. The rule reads the highest of the cross-validated AUC, "
+        f"the pooled AUC and every feature alone (in its stronger direction): over {thr} "
+        "and over what 95% of side-swapped runs of this size reach, the set is flagged; "
+        f"it and that chance level both at or under {thr}, the set is clear; else it is "
+        "too small to tell.</p>"
         + named
         + _table(
             [
                 ("AUC (mean over folds)", probe["auc"]),
                 ("AUC (pooled out-of-fold)", probe["pooled_auc"]),
-                ("flagged", probe["flagged"]),
-                ("chance AUC, mean of side-swapped runs", probe["chance_auc_mean"]),
-                ("chance AUC, 95th percentile", probe["chance_auc_p95"]),
-                ("above chance", probe["above_chance"]),
+                (f"highest figure ({top['label']})", top["value"]),
+                (
+                    "chance: 95% of side-swapped runs reach (highest figure)",
+                    probe["chance_highest_p95"],
+                ),
+                ("chance: 95% of side-swapped runs reach (AUC)", probe["chance_auc_p95"]),
+                ("threshold", thr),
+                ("decision", _PROBE_STATUS[probe["status"]].lower()),
             ]
         )
         + svg_hbars(
-            "Single-feature AUC (0.5 = no signal; above: the chosen has more)",
+            f"Single-feature AUC (0.5: no signal; outside {1 - thr:.1f}-{thr}: over the threshold)",
             [FEATURE_NAMES[f][0] for f in feats],
             [probe["single_feature_auc"][f] for f in feats],
             x_max=1.0,
-            x_title="AUC of the feature alone",
+            x_title="AUC of the feature alone (above 0.5: the chosen has more)",
             reference=0.5,
+            band=(1 - thr, thr),
+            origin=0.5,
         )
     )
 
@@ -534,11 +620,11 @@ def _compare_section(fig: dict[str, Any]) -> str:
 
     def probe_cell(f: dict[str, Any]) -> str:
         p = f["shortcut_probe"]
+        status = _PROBE_STATUS[p["status"]].lower()
         if "auc" not in p:
-            return "not run (too few pairs)"
-        flag = " (flagged)" if p["flagged"] else ""
-        drivers = ", ".join(d["label"] for d in p.get("drivers") or [])
-        return f"{p['auc']:.3f}{flag}" + (f"; {drivers}" if drivers else "")
+            return f"{status} (not run: {p['pairs']} pairs)"
+        top = p["highest"]
+        return f"{status}: {top['label']} {top['value']:.3f}"
 
     rows: list[tuple[str, Any, Any]] = [
         ("source", a["source"]["path"], b["source"]["path"]),
@@ -559,7 +645,12 @@ def _compare_section(fig: dict[str, Any]) -> str:
             _fmt(b["length"]["share_chosen_longer"], True),
         ),
         ("mean similarity", a["similarity"]["mean"], b["similarity"]["mean"]),
-        ("shortcut probe AUC", probe_cell(a), probe_cell(b)),
+        (
+            "verdict",
+            a["verdict"]["status"].replace("_", " "),
+            b["verdict"]["status"].replace("_", " "),
+        ),
+        ("shortcut probe", probe_cell(a), probe_cell(b)),
         (
             "pairs flagged per 100",
             round(100 * (a["checks"]["share_flagged"] or 0), 2),
@@ -567,6 +658,7 @@ def _compare_section(fig: dict[str, Any]) -> str:
         ),
     ]
     codes = [c for c in CHECKS if c in a["checks"]["counts"] or c in b["checks"]["counts"]]
+    fired = [c for c in codes if a["checks"]["counts"].get(c) or b["checks"]["counts"].get(c)]
     for code in codes:
         rows.append(
             (
@@ -596,15 +688,19 @@ def _compare_section(fig: dict[str, Any]) -> str:
         f"<h2>Side by side</h2><p>{_E(name_a)}: {_E(a['source']['path'])}; {_E(name_b)}: "
         f"{_E(b['source']['path'])}. Both audited with the same rules.</p>"
         + _grid(["figure", name_a, name_b], rows)
-        + svg_bars(
-            "Checks fired per 100 pairs",
-            [CHECKS[c].label for c in codes],
-            {
-                name_a: [a["checks"]["per_100"].get(c, 0.0) for c in codes],
-                name_b: [b["checks"]["per_100"].get(c, 0.0) for c in codes],
-            },
-            x_title="check",
-            y_title="pairs per 100",
+        + (
+            svg_bars(
+                "Checks fired per 100 pairs",
+                [CHECKS[c].label for c in fired],
+                {
+                    name_a: [a["checks"]["per_100"].get(c, 0.0) for c in fired],
+                    name_b: [b["checks"]["per_100"].get(c, 0.0) for c in fired],
+                },
+                x_title="check (those that fired in either source)",
+                y_title="pairs per 100",
+            )
+            if fired
+            else _no_chart("no check fired in either source")
         )
         + "<h3>Per category</h3>"
         + _grid(
@@ -646,6 +742,8 @@ def render_html(fig: dict[str, Any]) -> str:
         "table.flags td:last-child{max-width:520px;word-break:break-word}"
         ".flag{color:#9b2c2c;font-weight:bold}.warn{color:#975a16;font-weight:bold}"
         ".ok{color:#276749}.note{color:#555;font-style:italic}svg{display:block;margin:.5em 0}"
+        ".headline{font-size:1.15em;font-weight:bold;padding:.5em .8em;border-left:5px solid}"
+        ".nochart{color:#555}li.flag,li.warn{font-weight:normal}"
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

@@ -44,17 +44,21 @@ def parse_fail_on(spec: str | None) -> set[str] | None:
 
 
 def gate(fig: dict[str, Any], fail_on: set[str] | None) -> list[str]:
-    """What makes the gate fail: each named check that fired (every check for ``any``),
-    and the shortcut probe when it flagged (for ``any`` or ``shortcut_probe``)."""
+    """Why the gate fails, read from the audit's ``verdict`` (the decision the headline
+    shows): each of its reasons that ``fail_on`` names (``any``: all of them), so a check
+    that fired, the probe when it flagged, and the probe when the set is too small to
+    clear; and each named check that did not run on this source, which cannot clear it
+    either."""
     if not fail_on:
         return []
+    v = fig["verdict"]
     every = GATE_ANY in fail_on
-    out = []
-    for code, n in fig["checks"]["counts"].items():
-        if n and (every or code in fail_on):
-            out.append(f"{code} fired on {n} pairs")
-    if (every or PROBE_GATE in fail_on) and fig["shortcut_probe"].get("flagged"):
-        out.append(f"shortcut probe flagged (AUC {fig['shortcut_probe']['auc']:.3f})")
+    out = [r["text"] for r in v["reasons"] if every or r["gate"] in fail_on]
+    for code in CHECKS:
+        if code in fail_on and code in v["checks"]["not_run"]:
+            out.append(
+                f"{code} did not run ({v['checks']['not_run'][code]}), so it cannot clear this set"
+            )
     return out
 
 
