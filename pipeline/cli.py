@@ -131,8 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="flag bad pairs (one line per pair and check) and report length bias, "
         "similarity, leakage and shortcuts (HTML + JSON)",
         description="Audit a pairs source: per-pair checks (flags.jsonl), figures "
-        "(audit.json) and a report (audit.html). Checks and codes: docs/audit.md. Exit code: "
-        "0, or 3 when a --fail-on check fired or the probe flagged; 1 on an error.",
+        "(audit.json) and a report (audit.html), all from one verdict: clear, flagged, or too "
+        "small to clear of shortcuts. Checks and codes: docs/audit.md. Exit code: 0, or 3 when "
+        "the verdict has a reason --fail-on names (a check that fired or could not run, the "
+        "probe flagging, a set too small to clear); 1 on an error.",
     )
     p.add_argument(
         "path",
@@ -151,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fail-on",
         metavar="CHECK[,CHECK]",
-        help="exit 3 when one of these checks fires (codes in docs/audit.md; shortcut_probe: "
-        "the probe flags), or 'any' for every check and the probe",
+        help="exit 3 when one of these checks fires or cannot run on this source (codes in "
+        "docs/audit.md; shortcut_probe: the probe does not clear the set, flagged or too "
+        "small), or 'any' for every check that fired and the probe",
     )
     p.add_argument(
         "--word-cap",

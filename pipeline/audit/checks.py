@@ -131,7 +131,8 @@ CHECKS: dict[str, Check] = {
         ),
     )
 }
-# Not a per-pair check, but a gate `--fail-on` accepts: the shortcut probe flagged.
+# Not a per-pair check, but a gate `--fail-on` accepts: the shortcut probe does not clear the
+# set (it flagged, or the set is too small to clear).
 PROBE_GATE = "shortcut_probe"
 
 
