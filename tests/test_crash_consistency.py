@@ -2,18 +2,20 @@
 uninterrupted run: same rows (ids and texts), no duplicates, every stage verified.
 
 The failpoints (pipeline/io.py ``crash_point``) sit before and after every atomic write and
-every cache commit. A child process runs the pipeline with ``PRB_CRASH_AT=k`` and dies with
-``os._exit`` at its k-th point (no finally block runs, as with SIGKILL); the test then
-resumes the run and checks it. Every point of every stage is hit once.
+every cache commit. A child process (tests/crash_child.py, forked by a spawned fork server)
+runs the pipeline with ``PRB_CRASH_AT=k`` and dies with ``os._exit`` at its k-th point (no
+finally block runs, as with SIGKILL); the test then resumes the run and checks it. Every
+point of every stage is hit once.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import multiprocessing
 from collections import Counter
 from pathlib import Path
 
+import crash_child
 import pytest
 from conftest import write_config
 
@@ -22,25 +24,31 @@ from pipeline.orchestrate import run_pipeline
 from pipeline.run import RunDir
 from pipeline.stages import ORDER
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# Children are never forked from this process, which runs threads (the stand-in server,
+# pytest-timeout's): a fork copies whatever lock one of them holds, and the child hung on
+# it (seen twice on a busy machine). The fork server is a fresh interpreter started with
+# spawn; it runs no thread, imports the pipeline once, and forks each child from that
+# clean state, so a child starts in milliseconds instead of re-importing for each of the
+# ~180 failpoints (a plain spawn per child took 5 min 48 s here, against 77 s).
+_SPAWN = multiprocessing.get_context("forkserver")
+_SPAWN.set_forkserver_preload(["crash_child", "pipeline.orchestrate", "pipeline.config"])
 
 ID_KEYS = {"ingest": "example_id", "rubrics": "example_id", "responses": "candidate_id",
            "judge": "example_id", "pairs": "example_id"}  # fmt: skip
 
 
 def _child(cfg: Path, env: dict[str, str]) -> int:
-    """Run the pipeline in a forked child with failpoint settings; its exit status."""
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            os.environ.update(env)
-            run_pipeline(load_config(cfg), progress=False, echo=lambda s: None)
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    """Run the pipeline in a child forked by the fork server, with failpoint settings; its
+    exit status."""
+    proc = _SPAWN.Process(target=crash_child.run, args=(str(cfg), env))
+    proc.start()
+    proc.join(timeout=240)
+    if proc.exitcode is None:  # never expected: say so instead of hanging the suite
+        proc.kill()
+        proc.join()
+        raise AssertionError(f"the child for {cfg.name} did not finish in 240 s")
+    return proc.exitcode
 
 
 def _contents(run_dir: Path) -> dict[str, list[str]]:
