@@ -1,10 +1,11 @@
 """publish: the release of a run as a Hugging Face `datasets` dataset.
 
 One parquet file per config (each category, plus ``all``) under ``<out>/<config>/``, a
-dataset card ``README.md`` whose YAML header lists the configs, and ``release.json`` with
-the card's figures in machine-readable form. The reference benchmark's eight columns come
-first, in its names and types, so its evaluation code loads the release unchanged; our
-provenance columns follow.
+dataset card ``README.md`` whose YAML header lists the configs (each naming its data
+file's sha256, so ``datasets`` never serves one release's cached rows for another's: see
+``card_configs``), and ``release.json`` with the card's figures in machine-readable form.
+The reference benchmark's eight columns come first, in its names and types, so its
+evaluation code loads the release unchanged; our provenance columns follow.
 
 Policies: ``verified`` publishes only pairs whose latest human verdict is "verified";
 ``filtered`` publishes every kept pair except those humans refuted. A later annotation
@@ -22,14 +23,14 @@ import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline import fields
 from pipeline.errors import InputError, PipelineError, StageError
 from pipeline.fields import DIMENSIONS, quality_scores, show
-from pipeline.io import _fsync_dir, read_json
+from pipeline.io import _fsync_dir, file_digest, read_json
 from pipeline.rules.verdicts import prefers
 from pipeline.run import RunDir
 from pipeline.run.layout import RELEASE_ALL, RELEASE_MARKER, RELEASE_SUMMARY
@@ -48,6 +49,14 @@ REFERENCE_COLUMNS = fields.REFERENCE_COLUMNS
 PRIVILEGED_COLUMNS = fields.PRIVILEGED_COLUMNS
 DATA_FILE = "test-00000-of-00001.parquet"
 DEFAULT_LICENSE = "cc-by-4.0"
+# The reference release's subsets (its Hub configs, QiyaoMa/Personalized-RewardBench, and
+# the --subset choices of its evaluation scripts): our category configs carry these names
+# when the input's categories are LaMP-QA's.
+REFERENCE_SUBSETS = (
+    "Art_and_Entertainment",
+    "Lifestyle_and_Personal_Development",
+    "Society_and_Culture",
+)
 
 
 def reference_features() -> Features:
@@ -365,18 +374,44 @@ def _config_name(category: str | None) -> str:
 CARD_TEMPLATE = Path(__file__).resolve().parent / "templates" / "dataset_card.md.j2"
 
 
+def data_file_digests(folder: Path, configs: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per config: its data file's path in the release, sha256 and size in bytes."""
+    out = {}
+    for name in configs:
+        path = f"{name}/{DATA_FILE}"
+        digest, size, _ = file_digest(folder / path)
+        out[name] = {"path": path, "sha256": digest, "bytes": size}
+    return out
+
+
+def card_configs(configs: dict[str, int], data_files: dict[str, dict[str, Any]]) -> list[dict]:
+    """The card's YAML ``configs``: one per config, ``all`` the default.
+
+    Each config's ``description`` names its data file's sha256, and that is what keeps one
+    release's rows from being served for another's. ``datasets`` caches a local folder
+    under ``<cache>/<folder name>/<config>/0.0.0/<hash>``, and for a folder whose card lists
+    ``configs`` that hash covers the card's ``dataset_info`` and the configs as written
+    (names, relative file patterns, builder parameters), not the files' paths, sizes or
+    dates: two releases in folders of one name, or one folder published again, would
+    share a cache entry. ``description`` is a builder parameter, so the digest enters the
+    hash, and every load names the content it wants without passing anything more.
+    """
+    return [
+        {
+            "config_name": name,
+            "data_files": [{"split": "test", "path": data_files[name]["path"]}],
+            "description": f"{n} pairs; data file sha256 {data_files[name]['sha256']}",
+            **({"default": True} if name == "all" else {}),
+        }
+        for name, n in configs.items()
+    ]
+
+
 def render_card(summary: dict[str, Any]) -> str:
     """README.md with the YAML header the Hub reads (configs, license, sizes)."""
     import yaml
 
-    configs = [
-        {
-            "config_name": name,
-            "data_files": [{"split": "test", "path": f"{name}/{DATA_FILE}"}],
-            **({"default": True} if name == "all" else {}),
-        }
-        for name in summary["configs"]
-    ]
+    configs = card_configs(summary["configs"], summary["data_files"])
     header = {
         "license": summary["license"],
         "pretty_name": summary["pretty_name"],
@@ -393,9 +428,15 @@ def render_card(summary: dict[str, Any]) -> str:
     )
     template = env.from_string(CARD_TEMPLATE.read_text(encoding="utf-8"))
     prov = summary["provenance"]
+    categories = [name for name in summary["configs"] if name != "all"]
+    present = [name for name in REFERENCE_SUBSETS if name in categories]
     return template.render(
         header=yaml.safe_dump(header, sort_keys=False, allow_unicode=True).rstrip(),
         s=summary,
+        reference_subsets=REFERENCE_SUBSETS,
+        example_subset=(present or categories or ["all"])[0],
+        missing_subsets=[name for name in REFERENCE_SUBSETS if name not in categories],
+        other_configs=[name for name in categories if name not in REFERENCE_SUBSETS],
         p=prov,
         funnel=summary.get("funnel") or {},
         filter_rows=_filter_rows(prov.get("filters")),
@@ -694,6 +735,7 @@ def publish(
         features = release_features()
         for name, part in by_config.items():
             _write_parquet(tmp / name / DATA_FILE, part, features)
+        summary["data_files"] = data_file_digests(tmp, by_config)
         _write_durable(tmp / "README.md", render_card(summary))
         _write_durable(
             tmp / RELEASE_SUMMARY,

@@ -69,8 +69,9 @@ def _args(split: Path, server: StandinServer, *extra: str) -> list[str]:
     ]
 
 
-def _results(root: Path, slug: str) -> dict[str, Any]:
-    return json.loads((root / slug / "results.json").read_text())
+def _results(root: Path, slug: str, setting: str) -> dict[str, Any]:
+    """One scorer's results on one setting (each setting has its own file)."""
+    return json.loads((root / slug / setting / "results.json").read_text())
 
 
 def test_judge_both_orders_failures_and_a_free_rerun(
@@ -81,9 +82,11 @@ def test_judge_both_orders_failures_and_a_free_rerun(
     assert main(args) == 0
     # 6 pairs x 2 orders x 2 settings, plus 2 re-asks per order of pair 4
     assert judge_server.request_count == 2 * (12 + 4)
-    res = _results(tmp_path / "split-eval", "judge-standin-model")
+    root = tmp_path / "split-eval"
+    res = {s: _results(root, "judge-standin-model", s) for s in ("question", "profile")}
     for setting in ("question", "profile"):
-        m = res["settings"][setting]["metrics"]
+        assert list(res[setting]["settings"]) == [setting]
+        m = res[setting]["settings"][setting]["metrics"]
         assert (m["wins"], m["losses"], m["ties"], m["failed"]) == (3, 1, 1, 1)
         assert m["accuracy"] == 0.6  # 3 of the 5 pairs with a verdict
         assert m["unparsed_verdicts"] == 2 and m["failed_requests"] == 0
@@ -92,10 +95,11 @@ def test_judge_both_orders_failures_and_a_free_rerun(
         assert pos["accuracy_chosen_first"] == 0.8
         assert pos["accuracy_chosen_second"] == 0.6
         assert pos["bias"] == 0.2
-    assert res["profile_gain"]["gain"] == 0.0
-    assert res["scorer"]["requests"]["question"]["sent"] == 16
-    scores = [json.loads(x) for x in (tmp_path / "split-eval" / res["scorer"]["slug"]
-              / "scores.jsonl").read_text().splitlines()]  # fmt: skip
+    assert res["profile"]["profile_gain"]["gain"] == 0.0  # kept with the profile results
+    assert res["question"]["profile_gain"] is None
+    assert res["question"]["scorer"]["requests"]["question"]["sent"] == 16
+    files = [root / "judge-standin-model" / s / "scores.jsonl" for s in ("question", "profile")]
+    scores = [json.loads(x) for f in files for x in f.read_text().splitlines()]
     failed = [s for s in scores if s["pair"] == "pair-4"]
     assert all(s["outcome"] is None and set(s["failures"]) == {"AB", "BA"} for s in failed)
     assert all("invalid_json" in r for s in failed for r in s["failures"].values())
@@ -105,8 +109,9 @@ def test_judge_both_orders_failures_and_a_free_rerun(
     judge_server.reset()
     assert main(args) == 0
     assert judge_server.request_count == 0
-    again = _results(tmp_path / "split-eval", "judge-standin-model")
-    assert again["settings"] == res["settings"]
+    for setting in ("question", "profile"):
+        again = _results(root, "judge-standin-model", setting)
+        assert again["settings"] == res[setting]["settings"]
 
 
 def test_request_schema_bounds_strings_and_pins_the_verdict(
@@ -140,7 +145,7 @@ def test_no_answer_key_in_judge_requests(judge_server: StandinServer, tmp_path: 
             assert canary not in body, f"{canary} leaked into a judge request"
         assert (RUBRIC_CANARY in body) == (body in rubric_bodies)
         assert (PROFILE_CANARY in body) == (body in profile_bodies)
-    res = _results(tmp_path / "split-eval", "judge-standin-model")
+    res = _results(tmp_path / "split-eval", "judge-standin-model", "rubric")
     assert res["settings"]["rubric"]["role"] == "control"
     assert "validity check" in res["settings"]["rubric"]["label"]
 
@@ -154,7 +159,7 @@ def test_text_format_parses_result_lines_and_never_defaults_to_a(
     assert judge_server.request_count == 12  # no re-ask in the free-text format
     assert "response_format" not in judge_server.requests[0]["body"]
     assert "Result: <A or B>" in judge_server.requests[0]["body"]["messages"][-1]["content"]
-    res = _results(tmp_path / "split-eval", "judge-standin-model-format=text")
+    res = _results(tmp_path / "split-eval", "judge-standin-model-format=text", "question")
     m = res["settings"]["question"]["metrics"]
     assert (m["wins"], m["losses"], m["ties"], m["failed"]) == (3, 1, 1, 1)
     assert m["unparsed_verdicts"] == 2
@@ -168,13 +173,13 @@ def test_failed_requests_make_the_run_incomplete_then_retry(
     args = _args(split, judge_server, "--scorer", "judge:standin-model", "--setting", "question")
     assert main(args) == 1
     assert "2 judge requests failed" in capsys.readouterr().err
-    res = _results(tmp_path / "split-eval", "judge-standin-model")
+    res = _results(tmp_path / "split-eval", "judge-standin-model", "question")
     assert res["incomplete"] is True
     assert res["settings"]["question"]["metrics"]["failed"] == 2  # pairs 3 and 4
     judge_server.reset()
     assert main(args) == 0
     assert judge_server.request_count == 2  # only the two failed requests are sent again
-    res = _results(tmp_path / "split-eval", "judge-standin-model")
+    res = _results(tmp_path / "split-eval", "judge-standin-model", "question")
     assert res["incomplete"] is False
     assert res["settings"]["question"]["metrics"]["failed"] == 1
 

@@ -33,6 +33,8 @@ from pipeline.eval.pointwise import Encoder, TransformersScorer  # noqa: E402
 from pipeline.eval.tiny import build_tiny_reward_model  # noqa: E402
 from pipeline.profile import select_profile  # noqa: E402
 
+SETTINGS = ("question", "profile", "rubric")
+
 
 @pytest.fixture(scope="module")
 def tiny_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -177,22 +179,30 @@ def test_cli_writes_results_and_leaderboard(
     printed = capsys.readouterr().out
     assert "evaluated 6 pairs" in printed and "profile gain" in printed
     root = tmp_path / "split-eval"  # the default root beside a file
-    res = json.loads((root / "rm-tiny-rm" / "results.json").read_text())
-    assert res["scorer"]["slug"] == "rm-tiny-rm"  # batch_size changes no figure
-    assert res["scorer"]["engine"] == "transformers"
-    assert res["profile_selection"] == {"top_k": 2, "ranker": "bm25", "pairs_with_profile": 6}
-    assert res["settings"]["rubric"]["role"] == "control"
-    scores = [json.loads(x) for x in (root / "rm-tiny-rm" / "scores.jsonl").read_text().split()]
-    for setting, block in res["settings"].items():
-        m = block["metrics"]
-        mine = [s for s in scores if s["setting"] == setting]
+    folder = root / "rm-tiny-rm"  # batch_size changes no figure, so not the slug
+    res = {s: json.loads((folder / s / "results.json").read_text()) for s in SETTINGS}
+    for setting, doc in res.items():
+        assert doc["scorer"]["slug"] == "rm-tiny-rm" and list(doc["settings"]) == [setting]
+        assert doc["scorer"]["engine"] == "transformers"
+        assert doc["profile_selection"] == {"top_k": 2, "ranker": "bm25", "pairs_with_profile": 6}
+    assert res["rubric"]["settings"]["rubric"]["role"] == "control"
+    per_file = {
+        s: [json.loads(x) for x in (folder / s / "scores.jsonl").read_text().split()]
+        for s in SETTINGS
+    }
+    scores = [row for rows in per_file.values() for row in rows]
+    for setting, doc in res.items():
+        m = doc["settings"][setting]["metrics"]
+        mine = per_file[setting]  # each setting's scores file holds its own rows only
+        assert len(mine) == 6 and {s["setting"] for s in mine} == {setting}
         wins = sum(s["chosen"] > s["rejected"] for s in mine)
         assert m["wins"] == wins and m["accuracy"] == round(wins / 6, 4)
         assert set(m["by"]) == {"category", "strategy", "human_verdict"}
         assert m["by"]["human_verdict"]["not annotated"]["pairs"] == 2
     q = {s["pair"]: s["chosen"] > s["rejected"] for s in scores if s["setting"] == "question"}
     p = {s["pair"]: s["chosen"] > s["rejected"] for s in scores if s["setting"] == "profile"}
-    assert res["profile_gain"]["gain"] == round((sum(p.values()) - sum(q.values())) / 6, 4)
+    gain = res["profile"]["profile_gain"]["gain"]
+    assert gain == round((sum(p.values()) - sum(q.values())) / 6, 4)
 
     board = [json.loads(x) for x in (root / "leaderboard.jsonl").read_text().splitlines()]
     assert sorted(r["setting"] for r in board) == ["profile", "question", "rubric"]
@@ -295,6 +305,6 @@ def test_a_runs_release_in_parquet(tiny_rm: Path, tmp_path: Path) -> None:
         r["sampling"] = str(r["sampling"])
     pq.write_table(pa.Table.from_pylist(rows), run / "publish" / "all" / "test.parquet")
     assert _run([str(run), "--scorer", f"rm:{tiny_rm}", "--setting", "question"]) == 0
-    res = json.loads((run / "eval" / "rm-tiny-rm" / "results.json").read_text())
+    res = json.loads((run / "eval" / "rm-tiny-rm" / "question" / "results.json").read_text())
     assert res["split"]["format"] == "release" and res["split"]["rows"] == 6
     assert (run / "eval" / "leaderboard.md").exists()

@@ -86,7 +86,8 @@ def tiny_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _scores(root: Path, slug: str) -> dict[tuple[str, str], tuple[float, float]]:
-    lines = (root / slug / "scores.jsonl").read_text().splitlines()
+    lines = [x for f in sorted((root / slug).glob("*/scores.jsonl"))
+             for x in f.read_text().splitlines()]  # fmt: skip
     return {(s["pair"], s["setting"]): (s["chosen"], s["rejected"]) for s in map(json.loads, lines)}
 
 
@@ -107,7 +108,7 @@ def test_vllm_engine_agrees_with_transformers(
     assert call["params"].use_activation is False  # raw logits, reduced as transformers does
     assert len(call["prompts"]) == 2 * 2 * 6
 
-    res = json.loads((root / "rm-tiny-rm-engine=vllm" / "results.json").read_text())
+    res = json.loads((root / "rm-tiny-rm-engine=vllm" / "question" / "results.json").read_text())
     check = res["scorer"]["crosscheck"]
     assert check["pairs"] == 3 and check["same_decisions"] == 3
     assert check["max_abs_diff"] < 1e-4

@@ -378,3 +378,133 @@ def test_cli_publish_from_config_then_audit(run, tmp_path, capsys):
     assert report["n_pairs"] == len(kept_pairs(run))
     assert report["coverage_gap"]["mean_gap"] == 2.0  # the responder's judge: 2 vs 0
     assert report["leakage"]["share_tie"] == 1.0  # its rubric-blind judge always ties
+
+
+# ---- loading a local release by its folder (issue 21) ---------------------------------
+
+LOADER = """
+import json, sys
+from datasets import load_dataset
+res = []
+for job in json.loads(sys.argv[1]):
+    if job["config"] == "parquet":  # the card's other local route: the parquet files
+        ds = load_dataset("parquet", data_files={"test": job["path"] + "/all/*.parquet"},
+                          split="test")
+    else:  # the reference scripts' call, nothing added: load_dataset(path, SUBSET, split)
+        ds = load_dataset(job["path"], job["config"], split="test")
+    out = {**job, "columns": ds.column_names, "pair_ids": sorted(ds["pair_id"])}
+    if job.get("save_to"):  # a user who keeps a loaded copy with save_to_disk
+        from datasets import load_from_disk
+        ds.save_to_disk(job["save_to"])
+        out["reloaded"] = sorted(load_from_disk(job["save_to"])["pair_id"])
+    res.append(out)
+print(json.dumps(res))
+"""
+
+
+def load_by_folder(jobs: list[dict], cache: Path) -> list[dict]:
+    """Run the loads in a fresh interpreter whose `datasets` cache is ``cache`` (set through
+    the environment, as a user's would be: the load calls pass no extra argument)."""
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(cache / "home"),
+        "HF_DATASETS_CACHE": str(cache / "datasets"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADER, json.dumps(jobs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def release_pair_ids(out: Path) -> dict[str, list[str]]:
+    """Config name -> the pair ids its parquet file holds, read with pyarrow alone."""
+    return {
+        d.name: sorted(pq.read_table(d / DATA_FILE, columns=["pair_id"])["pair_id"].to_pylist())
+        for d in out.iterdir()
+        if d.is_dir()
+    }
+
+
+def test_two_releases_in_folders_of_one_name_load_their_own_rows(run, tmp_path):
+    from pipeline.audit import load_pairs
+    from pipeline.publish import REFERENCE_SUBSETS
+
+    pairs = kept_pairs(run)
+    ids = [p["pair_id"] for p in pairs]
+    one_per_category = list({p["category"]: p["pair_id"] for p in pairs}.values())
+    first = tmp_path / "a" / "publish"
+    second = tmp_path / "b" / "publish"
+    publish(None, run, policy="filtered", out_dir=first)
+    write_round(run, "round-1", [verdict(i, "verified") for i in one_per_category])
+    publish(None, run, policy="verified", out_dir=second)
+    want = {first: release_pair_ids(first), second: release_pair_ids(second)}
+    assert len(want[first]["all"]) == len(ids) and len(want[second]["all"]) == 3
+    # both have the reference's three subsets, under its names: the same configs, other rows
+    assert set(want[first]) == set(want[second]) == {"all", *REFERENCE_SUBSETS}
+
+    def jobs(out: Path) -> list[dict]:
+        return [{"path": str(out), "config": name} for name in sorted(want[out])]
+
+    # one cache for both, each release loaded in its own process (as two users on one
+    # machine would): the second must not be served the first one's cached rows
+    shared = tmp_path / "shared-cache"
+    loaded = load_by_folder(jobs(first), shared) + load_by_folder(jobs(second), shared)
+    # and the second release alone, in a cache of its own
+    loaded += load_by_folder(jobs(second), tmp_path / "fresh-cache")
+    for got in loaded:
+        out = Path(got["path"])
+        assert got["pair_ids"] == want[out][got["config"]], (got["path"], got["config"])
+        assert got["columns"][:8] == REFERENCE
+
+    # the same folder published again with other rows: its new rows, through the same cache
+    refuted = next(i for i in ids if i not in one_per_category)
+    write_round(run, "round-2", [verdict(refuted, "refuted", "rejected")])
+    publish(None, run, policy="filtered", out_dir=first, force=True)  # an explicit --out
+    want[first] = release_pair_ids(first)
+    assert len(want[first]["all"]) == len(ids) - 1
+    again = load_by_folder(
+        [
+            *jobs(first),
+            {"path": str(first), "config": "parquet"},
+            {"path": str(second), "config": "parquet"},
+            {"path": str(first), "config": "all", "save_to": str(tmp_path / "saved")},
+        ],
+        shared,
+    )
+    for got in again:
+        out = Path(got["path"])
+        assert got["pair_ids"] == want[out]["all" if got["config"] == "parquet" else got["config"]]
+    assert again[-1]["reloaded"] == want[first]["all"]
+    # the project's own readers (audit, eval) read the folder's parquet directly
+    rows, source = load_pairs(first)
+    assert source["format"] == "release"
+    assert sorted(r["pair_id"] for r in rows) == want[first]["all"]
+
+
+def test_card_names_each_data_file_by_digest_and_tells_how_to_push(run, tmp_path):
+    from pipeline.io import file_digest
+
+    out = tmp_path / "rel"
+    publish(None, run, out_dir=out)
+    card = (out / "README.md").read_text(encoding="utf-8")
+    header = yaml.safe_load(card.split("---\n")[1])
+    release = json.loads((out / "release.json").read_text())
+    for entry in header["configs"]:
+        name = entry["config_name"]
+        digest, size, _ = file_digest(out / name / DATA_FILE)
+        assert digest in entry["description"]
+        assert release["data_files"][name] == {
+            "path": f"{name}/{DATA_FILE}",
+            "sha256": digest,
+            "bytes": size,
+        }
+    body = " ".join(card.split())
+    assert 'load_dataset("<this folder>", "Art_and_Entertainment", split="test")' in body
+    assert "--push-to-hub" in body and "Society_and_Culture" in body

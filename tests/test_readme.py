@@ -410,7 +410,7 @@ def test_annotate_publish_audit_and_eval_of_the_sample_run(walk):
     ev = _result(walk, "prb eval outputs/sample").stdout
     assert f"evaluated {n} pairs" in ev
     results = json.loads(
-        (walk.root / "outputs/sample/eval/judge-stand-in/results.json").read_text()
+        (walk.root / "outputs/sample/eval/judge-stand-in/question/results.json").read_text()
     )
     assert results  # the stand-in's judge: every pair a tie, all on position
     assert (walk.root / "outputs/sample/eval/leaderboard.md").exists()

@@ -39,7 +39,7 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
         "eval",
         help="evaluate reward models and LLM judges on a split, with and without the profile",
         description="Score a pairs split with reward models and LLM judges; write "
-        "results.json per scorer and a leaderboard beside them.",
+        "results.json per scorer and setting and a leaderboard beside them.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -181,7 +181,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"evaluated {split['rows']} pairs from {split['path']}")
     print_table(results)
     for res in results:
-        print(f"results: {res['outputs']['results']}")
+        for path in res["outputs"]["results"].values():
+            print(f"results: {path}")
     print(f"leaderboard: {results[-1]['outputs']['leaderboard']}")
     failed = sum(
         b["metrics"].get("failed_requests", 0) for r in results for b in r["settings"].values()

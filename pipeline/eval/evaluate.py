@@ -22,7 +22,7 @@ from pipeline.eval.data import (
     usable_settings,
     user_turn,
 )
-from pipeline.eval.results import default_root, write_results
+from pipeline.eval.results import SCHEMA_VERSION, default_root, write_results
 from pipeline.eval.spec import ScorerSpec
 from pipeline.prompts import load_template
 
@@ -107,7 +107,9 @@ def evaluate_one(
     seed: int = metrics.SEED,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Score the pairs with one scorer, write its results and the leaderboards."""
+    """Score the pairs with one scorer, write its results (one file per setting) and the
+    leaderboards; returns every setting's figures, with the paths written under
+    ``outputs``."""
     start = time.perf_counter()
     judge_model = spec.target or cfg.judge.model or cfg.backend.model
     slug = spec.slug(judge_model)
@@ -164,7 +166,7 @@ def evaluate_one(
     if "question" in outcomes and "profile" in outcomes:
         gain = metrics.paired_gain(outcomes["profile"], outcomes["question"], n_boot, seed)
     results = {
-        "schema": 1,
+        "schema": SCHEMA_VERSION,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "scorer": {
             "kind": spec.kind,

@@ -1,9 +1,10 @@
 """Eval results found beside a split, for the audit report: a finder and an HTML section.
 
 ``find_eval_results(path)`` looks in the eval root ``prb eval`` uses by default for that
-split (``<run>/eval/`` or ``<input>-eval/``) and returns every readable ``results.json``;
-``render_eval_html(results)`` turns them into one self-contained ``<section>`` (every value
-escaped).
+split (``<run>/eval/`` or ``<input>-eval/``) and returns every readable results file, one
+per scorer and setting (``<scorer>/<setting>/results.json``; a layout-1 root's
+``<scorer>/results.json``, all settings in one, reads too). ``render_eval_html(results)``
+turns them into one self-contained ``<section>`` (every value escaped).
 """
 
 from __future__ import annotations
@@ -13,24 +14,36 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.eval.results import RESULTS_FILE, default_root
+from pipeline.eval.data import SETTINGS
+from pipeline.eval.results import LEADERBOARD_JSONL, RESULTS_FILE, default_root
 from pipeline.fields import show, show_ci
+
+_ORDER = {name: i for i, name in enumerate(SETTINGS)}
+
+
+def _sort_key(f: Path, root: Path) -> tuple:
+    # by scorer, then the settings in their usual order; a layout-1 file (every setting)
+    # where its scorer's settings would be
+    parts = f.relative_to(root).parts
+    setting = parts[1] if len(parts) == 3 else ""
+    return (parts[0], _ORDER.get(setting, -1 if not setting else len(_ORDER)), setting)
 
 
 def find_eval_results(path: str | Path) -> list[dict[str, Any]]:
     """Results of every scorer evaluated on the split at ``path`` (its default eval root,
-    or ``path`` itself when it is an eval root), sorted by scorer; unreadable files are
-    skipped with a note in their place."""
+    or ``path`` itself when it is an eval root), one per scorer and setting, sorted by
+    scorer; unreadable files are skipped with a note in their place."""
     path = Path(path)
-    roots = [path] if (path / "leaderboard.jsonl").exists() else [default_root(path)]
+    roots = [path] if (path / LEADERBOARD_JSONL).exists() else [default_root(path)]
     found = []
     for root in roots:
         if not root.is_dir():
             continue
-        for f in sorted(root.glob(f"*/{RESULTS_FILE}")):
+        files = [*root.glob(f"*/*/{RESULTS_FILE}"), *root.glob(f"*/{RESULTS_FILE}")]
+        for f in sorted(files, key=lambda f: _sort_key(f, root)):
             try:
                 res = json.loads(f.read_text(encoding="utf-8"))
-                if not isinstance(res, dict) or "settings" not in res:
+                if not isinstance(res, dict) or not isinstance(res.get("settings"), dict):
                     raise ValueError("not an eval results file")
             except (OSError, ValueError) as exc:
                 found.append({"error": f"{f}: {exc}", "path": str(f)})
