@@ -167,30 +167,11 @@ def make_plan(
         settings["upstream"] = {u: ctx.fingerprints[u] for u in stage.requires}
         fp = content_hash(settings)
         ctx.fingerprints[name] = fp
-        meta = sd.meta
-        action, why = "run", ""
         if redo is not None and name in plan and ORDER.index(name) >= ORDER.index(redo):
-            action, why = ("redo", "asked with --redo") if meta else ("run", "")
-        elif meta is not None and meta.fingerprint != fp:
-            action, why = "redo", explain_change(meta.settings, settings)
-        elif sd.done:
-            marker = sd.marker()
-            assert marker is not None  # done: the marker is there
-            inputs = marker.inputs
-            changed_inputs = [u for u in stage.reads if u in rebuilt]
-            if marker.files is None:
-                action, why = "redo", "finished by an older version (no manifest)"
-            elif changed_inputs:
-                action, why = "redo", f"its input stage '{changed_inputs[0]}' is being rebuilt"
-            elif inputs is not None and any(
-                inputs.get(u) != content_id(rd.stage(u)) for u in stage.reads
-            ):
-                action, why = "redo", "its input data changed since it finished"
-            else:
-                sd.check_intact()
-                action = "skip"
-        elif meta is not None:
-            action = "resume"
+            # its metadata is not read: --redo is how a damaged stage.json is repaired
+            action, why = ("redo", "asked with --redo") if sd.path.exists() else ("run", "")
+        else:
+            action, why = _decide(rd, sd, stage, settings, fp, rebuilt)
         if action != "skip":
             rebuilt.add(name)
             if name not in plan:
@@ -202,6 +183,33 @@ def make_plan(
                 )
         out.append(StagePlan(name, stage, settings, fp, action, why))
     return out
+
+
+def _decide(
+    rd: RunDir, sd: StageDir, stage: Stage, settings: dict[str, Any], fp: str, rebuilt: set[str]
+) -> tuple[str, str]:
+    """(action, why) of a stage not asked to be re-done: redo when its settings or inputs
+    changed, skip when it is done and intact (damage raises), resume when it started."""
+    meta = sd.meta
+    if meta is not None and meta.fingerprint != fp:
+        return "redo", explain_change(meta.settings, settings)
+    if sd.done:
+        marker = sd.marker()
+        assert marker is not None  # done: the marker is there
+        changed_inputs = [u for u in stage.reads if u in rebuilt]
+        if marker.files is None:
+            return "redo", "finished by an older version (no manifest)"
+        if changed_inputs:
+            return "redo", f"its input stage '{changed_inputs[0]}' is being rebuilt"
+        if marker.inputs is not None and any(
+            marker.inputs.get(u) != content_id(rd.stage(u)) for u in stage.reads
+        ):
+            return "redo", "its input data changed since it finished"
+        sd.check_intact()
+        return "skip", ""
+    if meta is not None:
+        return "resume", ""
+    return "run", ""
 
 
 def _preflight(ctx: Context, plans: list[StagePlan], echo: Callable[[str], None]) -> None:

@@ -159,7 +159,10 @@ class StageDir:
         )
 
     def check_intact(self) -> None:
-        """Raise naming the first damaged file and the repair command."""
+        """Raise naming the first damaged file and the repair command: a metadata file of
+        the wrong shape, or a shard that does not match the manifest."""
+        self.meta  # noqa: B018 - parsing it is the check
+        self.stats()
         problems = self.verify()
         if problems:
             raise self.damage(problems)
