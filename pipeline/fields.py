@@ -114,7 +114,7 @@ def is_number(v: Any) -> bool:
 
 
 def show(x: Any) -> str:
-    """A figure as reports and cards print it: three decimals for floats, n/a for none."""
+    """A figure as cards and summaries print it: three decimals for floats, n/a for none."""
     if x is None:
         return "n/a"
     if isinstance(x, float):
@@ -127,3 +127,19 @@ def show_ci(ci: Any) -> str:
     if not ci or len(ci) != 2 or not all(is_number(x) for x in ci):
         return "n/a"
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def show_cell(v: Any, percent: bool = False) -> str:
+    """A figure in a report's table: four significant digits for floats (a share as a
+    percentage with ``percent``), thousands separators for counts, yes/no, n/a for none."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if percent and isinstance(v, int | float):
+        return f"{v * 100:.1f}%"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)

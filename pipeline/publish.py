@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import fields
 from pipeline.errors import InputError, PipelineError, StageError
-from pipeline.fields import DIMENSIONS, quality_scores, show
+from pipeline.fields import DIMENSIONS, ORDERS, quality_scores, show
 from pipeline.io import _fsync_dir, file_digest, read_json
 from pipeline.rules.verdicts import prefers
 from pipeline.run import RunDir
@@ -84,7 +84,7 @@ def release_features() -> Features:
 
     s, i64, f64 = Value("string"), Value("int64"), Value("float64")
     quality = {d: i64 for d in DIMENSIONS}
-    orders = {"AB": s, "BA": s}
+    orders = dict.fromkeys(ORDERS, s)
     return Features(
         {
             **reference_features(),

@@ -21,8 +21,9 @@ from pipeline.audit.probe import (
     shortcut_probe,
 )
 from pipeline.errors import InputError
-from pipeline.fields import DIMENSIONS, row_id, words_and_count
+from pipeline.fields import DIMENSIONS, ORDERS, row_id, words_and_count
 from pipeline.rules import Rules, token_similarity
+from pipeline.rules.verdicts import a_side, shown_side
 from pipeline.run.layout import RELEASE_SUMMARY
 
 # A rubric-blind judge for sets without judge columns: (question, answer A, answer B) ->
@@ -183,13 +184,13 @@ def _blind_verdicts(rows: Sequence[dict[str, Any]], judge: Judge | None) -> list
             ba = judge(r["question"], r["rejected"], r["chosen"])
             out.append(
                 [
-                    {"A": "chosen", "B": "rejected"}.get(ab, "tie"),
-                    {"A": "rejected", "B": "chosen"}.get(ba, "tie"),
+                    shown_side(v, a_side(o)) if v in ("A", "B") else "tie"
+                    for o, v in zip(ORDERS, (ab, ba), strict=True)
                 ]
             )
         return out
     return [
-        [r["pairwise_blind"].get("AB"), r["pairwise_blind"].get("BA")]
+        [r["pairwise_blind"].get(o) for o in ORDERS]
         if isinstance(r.get("pairwise_blind"), dict)
         else []
         for r in rows

@@ -21,6 +21,7 @@ from typing import Any
 from pipeline.audit.checks import CHECKS
 from pipeline.audit.probe import FEATURE_NAMES
 from pipeline.errors import InputError, PipelineError
+from pipeline.fields import show_cell
 
 _COLORS = ("#2b6cb0", "#c05621", "#2f855a", "#6b46c1")
 _E = html.escape
@@ -236,23 +237,9 @@ def svg_hbars(
 # ---- tables -----------------------------------------------------------------------------
 
 
-def _fmt(v: Any, percent: bool = False) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if percent and isinstance(v, int | float):
-        return f"{v * 100:.1f}%"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
 def _table(rows: Sequence[tuple[str, Any] | tuple[str, Any, bool]]) -> str:
     body = "".join(
-        f"<tr><th>{_E(r[0])}</th><td>{_E(_fmt(r[1], len(r) > 2 and bool(r[2])))}</td></tr>"
+        f"<tr><th>{_E(r[0])}</th><td>{_E(show_cell(r[1], len(r) > 2 and bool(r[2])))}</td></tr>"
         for r in rows
     )
     return f"<table>{body}</table>"
@@ -260,7 +247,7 @@ def _table(rows: Sequence[tuple[str, Any] | tuple[str, Any, bool]]) -> str:
 
 def _grid(head: Sequence[str], rows: Sequence[Sequence[Any]], cls: str = "") -> str:
     h = "".join(f"<th>{_E(c)}</th>" for c in head)
-    b = "".join("<tr>" + "".join(f"<td>{_E(_fmt(v))}</td>" for v in r) + "</tr>" for r in rows)
+    b = "".join("<tr>" + "".join(f"<td>{_E(show_cell(v))}</td>" for v in r) + "</tr>" for r in rows)
     return f'<table class="{cls}"><tr>{h}</tr>{b}</table>'
 
 
@@ -341,7 +328,7 @@ def _checks_section(fig: dict[str, Any]) -> str:
     cap = c["rules"]
     return (
         f"<h2>Checks</h2><p>{c['pairs_flagged']:,} of {fig['n_pairs']:,} pairs "
-        f"({_fmt(c['share_flagged'], True)}) flagged by at least one check. Word cap "
+        f"({show_cell(c['share_flagged'], True)}) flagged by at least one check. Word cap "
         f"{cap['cap']:g} words ({cap['word_cap']} + {cap['length_slack']:.0%} slack); "
         f"rules from {_E(str(cap.get('from', 'the config defaults')))}. "
         "Every flag is in flags.jsonl.</p>"
@@ -441,8 +428,8 @@ def _judge_sections(fig: dict[str, Any]) -> str:
                 (
                     d,
                     q[d]["mean_gap"],
-                    _fmt(q[d]["share_chosen_higher"], True),
-                    _fmt(q[d]["share_rejected_higher"], True),
+                    show_cell(q[d]["share_chosen_higher"], True),
+                    show_cell(q[d]["share_rejected_higher"], True),
                 )
                 for d in q
             ],
@@ -516,9 +503,9 @@ def _category_section(fig: dict[str, Any]) -> str:
             c["pairs"],
             c["mean_words_chosen"],
             c["mean_words_rejected"],
-            _fmt(c["share_chosen_longer"], True),
+            show_cell(c["share_chosen_longer"], True),
             c["mean_similarity"],
-            *([_fmt(c["blind_prefers_chosen"], True)] if judged else []),
+            *([show_cell(c["blind_prefers_chosen"], True)] if judged else []),
             c["flagged_per_100"],
         )
         for cat, c in cats.items()
@@ -641,8 +628,8 @@ def _compare_section(fig: dict[str, Any]) -> str:
         ),
         (
             "chosen longer",
-            _fmt(a["length"]["share_chosen_longer"], True),
-            _fmt(b["length"]["share_chosen_longer"], True),
+            show_cell(a["length"]["share_chosen_longer"], True),
+            show_cell(b["length"]["share_chosen_longer"], True),
         ),
         ("mean similarity", a["similarity"]["mean"], b["similarity"]["mean"]),
         (
@@ -676,8 +663,8 @@ def _compare_section(fig: dict[str, Any]) -> str:
                 cat,
                 ca.get("pairs", 0),
                 cb.get("pairs", 0),
-                _fmt(ca.get("share_chosen_longer"), True),
-                _fmt(cb.get("share_chosen_longer"), True),
+                show_cell(ca.get("share_chosen_longer"), True),
+                show_cell(cb.get("share_chosen_longer"), True),
                 ca.get("mean_similarity"),
                 cb.get("mean_similarity"),
                 ca.get("flagged_per_100"),

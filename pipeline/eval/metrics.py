@@ -21,6 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.fields import ORDERS
+from pipeline.rules.verdicts import a_side, shown_side
+
 N_BOOT = 1000
 SEED = 0
 REFERENCE_SHUFFLE_SEED = 42  # the reference pairwise script's A/B shuffle seed
@@ -132,14 +135,13 @@ def pointwise_outcome(chosen: float | None, rejected: float | None) -> str | Non
 
 
 def side(order: str, letter: str | None) -> str | None:
-    """Which answer a verdict letter names: order "AB" shows the chosen answer as A."""
+    """Which answer a verdict letter names (``pipeline.rules.verdicts``): order "AB" shows
+    the chosen answer as A."""
     if letter is None:
         return None
     if letter == "tie":
         return "tie"
-    first = "chosen" if order == "AB" else "rejected"
-    second = "rejected" if order == "AB" else "chosen"
-    return first if letter == "A" else second
+    return shown_side(letter, a_side(order))
 
 
 def pairwise_outcome(ab: str | None, ba: str | None) -> str | None:
@@ -147,7 +149,7 @@ def pairwise_outcome(ab: str | None, ba: str | None) -> str | None:
     a win needs the chosen answer in both orders, a loss the rejected one in both; any
     other parsed combination (the judge changed its mind with the order, or said tie) is
     a tie."""
-    s1, s2 = side("AB", ab), side("BA", ba)
+    s1, s2 = (side(o, v) for o, v in zip(ORDERS, (ab, ba), strict=True))
     if s1 is None or s2 is None:
         return None
     if s1 == s2 == "chosen":
@@ -172,7 +174,7 @@ def position_figures(
     split order) would have asked, for comparison with its published figures.
     """
     both = [(a, b) for a, b in zip(ab, ba, strict=True) if a is not None and b is not None]
-    consistent = sum(side("AB", a) == side("BA", b) for a, b in both)
+    consistent = sum(side(ORDERS[0], a) == side(ORDERS[1], b) for a, b in both)
     first = [side("AB", a) == "chosen" for a in ab if a is not None]
     second = [side("BA", b) == "chosen" for b in ba if b is not None]
     letters = [x for x in (*ab, *ba) if x in ("A", "B")]

@@ -23,9 +23,8 @@ from pipeline.cache import INVALID_PREFIX
 from pipeline.chat import ChatRequest
 from pipeline.errors import InputError
 from pipeline.eval.data import EvalPair, pairwise_messages
+from pipeline.fields import ORDERS
 from pipeline.llm import Answer
-
-ORDERS = ("AB", "BA")
 
 
 def verdict_schema(max_tokens: int, ties: bool) -> dict[str, Any]:

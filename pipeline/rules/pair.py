@@ -16,6 +16,7 @@ from rapidfuzz import fuzz
 
 from pipeline.fields import (
     DIMENSIONS,
+    ORDERS,
     count_words,
     is_number,
     largest_quality_gap,
@@ -312,14 +313,14 @@ class Rules:
 
     @staticmethod
     def aware_disagrees(prefers: Mapping[str, Any]) -> Hit | None:
-        ab, ba = prefers.get("AB"), prefers.get("BA")
+        ab, ba = (prefers.get(o) for o in ORDERS)
         if [ab, ba] != ["chosen", "chosen"]:
             return Hit(f"rubric-aware verdicts AB/BA: {ab}/{ba}", f"{ab}/{ba}")
         return None
 
     @staticmethod
     def blind_leak(prefers: Mapping[str, Any]) -> Hit | None:
-        if [prefers.get("AB"), prefers.get("BA")] == ["chosen", "chosen"]:
+        if [prefers.get(o) for o in ORDERS] == ["chosen", "chosen"]:
             return Hit("rubric-blind judge prefers the chosen in both orders (leakage)", "")
         return None
 
