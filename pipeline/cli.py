@@ -193,32 +193,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipeline.config import load_config
-    from pipeline.orchestrate import run_pipeline
-
-    cfg = load_config(args.config, args.overrides)
-    if not args.json:
-        run_pipeline(
-            cfg, until=args.until, only=args.only, redo=args.redo, progress=not args.no_progress
-        )
-        print(f"run directory: {os.path.abspath(cfg.run_dir)}")
-        return 0
     import time
 
-    from pipeline.errorline import format_error
-    from pipeline.runsummary import print_run_summary
+    from pipeline.config import load_config
+    from pipeline.run import RunDir
 
+    cfg = load_config(args.config, args.overrides)
     t0 = time.time()
     try:
+        # a second writer is refused before the stage machinery is even imported
+        lock = RunDir(cfg.run_dir).lock()
+        if lock.path.parent.is_dir():
+            lock.acquire(create=False)
+        from pipeline.orchestrate import run_pipeline
+
         run_pipeline(
-            cfg, until=args.until, only=args.only, redo=args.redo, progress=not args.no_progress
+            cfg,
+            until=args.until,
+            only=args.only,
+            redo=args.redo,
+            progress=not args.no_progress,
+            lock=lock,
         )
     except Exception as exc:
-        error = format_error(exc, args.config)
-        if error is not None:  # None is a bug: main() shows its traceback, no summary
-            print_run_summary(cfg.run_dir, since=t0, error=error)
+        if args.json:
+            from pipeline.errorline import format_error
+            from pipeline.runsummary import print_run_summary
+
+            error = format_error(exc, args.config)
+            if error is not None:  # None is a bug: main() shows its traceback, no summary
+                print_run_summary(cfg.run_dir, since=t0, error=error)
         raise
-    print_run_summary(cfg.run_dir, since=t0)
+    if args.json:
+        from pipeline.runsummary import print_run_summary
+
+        print_run_summary(cfg.run_dir, since=t0)
+    else:
+        print(f"run directory: {os.path.abspath(cfg.run_dir)}")
     return 0
 
 

@@ -26,7 +26,7 @@ from pipeline.config import Config
 from pipeline.errors import ConfigError, StageError
 from pipeline.ids import content_hash
 from pipeline.io import remove_strays
-from pipeline.run import RunDir, StageDir
+from pipeline.run import RunDir, RunLock, StageDir
 from pipeline.stages import ORDER, STAGES
 from pipeline.stages.base import Context, Stage
 
@@ -236,8 +236,11 @@ def run_pipeline(
     redo: str | None = None,
     progress: bool = True,
     echo: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    lock: RunLock | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run the planned stages; returns each executed stage's stats."""
+    """Run the planned stages; returns each executed stage's stats. ``lock``: the run
+    directory's lock, already taken by the caller (`prb run` takes it before importing the
+    stages, so a second writer is refused at once); released here at the end."""
     names = plan_stages(until, only, redo)
     if redo is not None and redo not in names:
         raise ConfigError(f"--redo {redo} is outside the stages this command runs")
@@ -248,7 +251,7 @@ def run_pipeline(
     rd = RunDir(config.run_dir)
     ctx = Context(config=config, run_dir=rd, progress=progress)
     existed = rd.path.exists()
-    lock = rd.lock()
+    lock = lock or rd.lock()
     if existed:
         lock.acquire()
     results: dict[str, dict[str, Any]] = {}
