@@ -47,6 +47,11 @@ CREATE TABLE IF NOT EXISTS derived (
     value TEXT NOT NULL,
     created REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS backends (
+    id TEXT PRIMARY KEY,
+    identity TEXT NOT NULL,
+    created REAL NOT NULL
+);
 """
 # Reasons of answers that arrived but stayed invalid after their re-asks.
 INVALID_PREFIX = "invalid_json"
@@ -180,6 +185,25 @@ class RequestCache:
             rows,
             "cache commit",
         )
+
+    # ---- what answered -------------------------------------------------------------
+    # Every request carries the id of the backend that answers it (ChatRequest.served_by);
+    # the identity behind each id is kept here, so a replay knows whose answers it holds.
+    def put_backend(self, ident_id: str, identity: dict[str, Any]) -> None:
+        with self._guard("write"):
+            self._db.execute(
+                "INSERT OR IGNORE INTO backends(id, identity, created) VALUES (?,?,?)",
+                (ident_id, dumps(identity).decode("utf-8"), time.time()),
+            )
+
+    def backends(self) -> dict[str, dict[str, Any]]:
+        """id -> identity of every backend that answered into this cache."""
+        with self._guard("read"):
+            try:
+                rows = self._db.execute("SELECT id, identity FROM backends").fetchall()
+            except sqlite3.OperationalError:  # a cache from before identities were kept
+                return {}
+        return {k: loads(v) for k, v in rows}
 
     # ---- derived results -------------------------------------------------------------
     # Deterministic computations too costly to repeat on every re-run (the donor search

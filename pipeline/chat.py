@@ -50,6 +50,9 @@ class ChatRequest:
     seed: int | None = None
     json_schema: dict | None = field(default=None, hash=False)
     schema_name: str = "answer"
+    # the id of the backend that answers (pipeline/backends/identity.py): part of the key,
+    # so one backend's answer is never served as another's; never sent to a server
+    served_by: str = ""
 
     @classmethod
     def sampled(
@@ -63,6 +66,7 @@ class ChatRequest:
         max_tokens: int | None = None,
         json_schema: dict | None = None,
         schema_name: str = "answer",
+        served_by: str = "",
     ) -> ChatRequest:
         """A request with a config's sampling settings (every stage builds its requests
         here); ``max_tokens`` overrides the section's when a schema needs more."""
@@ -76,6 +80,7 @@ class ChatRequest:
             seed=seed,
             json_schema=json_schema,
             schema_name=schema_name,
+            served_by=served_by,
         )
 
     def message_dicts(self) -> list[dict[str, str]]:
@@ -92,6 +97,7 @@ class ChatRequest:
             "seed": self.seed,
             "json_schema": self.json_schema,
             "schema_name": self.schema_name if self.json_schema else None,
+            "served_by": self.served_by,
         }
 
     def openai_body(self) -> dict[str, Any]:
@@ -130,6 +136,7 @@ class ChatRequest:
             not isinstance(self.max_tokens, int)
             or not isinstance(self.n, int)
             or not (self.seed is None or isinstance(self.seed, int))
+            or not isinstance(self.served_by, str)
         ):
             return canonical_json(self.to_dict())
         enc = _encode_str
@@ -142,6 +149,7 @@ class ChatRequest:
             f'{{"json_schema":{schema},"max_tokens":{self.max_tokens},"messages":[{messages}],'
             f'"model":{enc(self.model)},"n":{self.n},"schema_name":{name},'
             f'"seed":{"null" if self.seed is None else self.seed},'
+            f'"served_by":{enc(self.served_by)},'
             f'"temperature":{json.dumps(self.temperature)},"top_p":{json.dumps(self.top_p)}}}'
         )
 

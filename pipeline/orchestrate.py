@@ -219,7 +219,7 @@ def _preflight(ctx: Context, plans: list[StagePlan], echo: Callable[[str], None]
 
         cached = ctx.run_dir.cache_path.exists()
         warning = preflight(ctx.config.backend, ctx.config.resolve_input, cached=cached)
-        if warning:
+        if warning and not ctx.warnings:  # an unreachable server is said once
             echo(f"warning: {warning}")
         if cached and any(p.action == "redo" and p.stage.uses_llm(ctx) for p in plans):
             # a stage is about to be cleared: a damaged cache is found now, before that.
@@ -257,6 +257,8 @@ def run_pipeline(
     results: dict[str, dict[str, Any]] = {}
     try:
         plans = make_plan(ctx, stages, names, redo)
+        for w in dict.fromkeys(ctx.warnings):
+            echo(f"warning: {w}")
         _preflight(ctx, plans, echo)
         if not existed:
             # nothing was on disk, so a refusal above left nothing behind either; another
@@ -275,7 +277,12 @@ def run_pipeline(
         # environment.json describes the latest invocation; each stage.json keeps the one
         # that ran that stage, since a run may be generated on a GPU machine and resumed
         # elsewhere.
-        env = library_versions()
+        env: dict[str, Any] = dict(library_versions())
+        llm_stages = [p.name for p in plans if p.stage.uses_llm(ctx)]
+        if llm_stages:
+            # what answers this invocation's requests; each stage.json keeps its own
+            env["served_by"] = ctx.served_by
+            env["served_by_stages"] = llm_stages
         rd.write_environment(env)
         for p in plans:
             stats = _act(ctx, p, env, echo)
@@ -302,6 +309,9 @@ def _act(
         sd.clear_shards()  # cheap to redo from scratch, and never appends twice
     resuming = p.action == "resume" and stage.resumable and bool(sd.shard_ids())
     expected = stage.expected(ctx)
+    env = {k: v for k, v in env.items() if k not in ("served_by", "served_by_stages")}
+    if stage.uses_llm(ctx):
+        env["served_by"] = ctx.served_by  # what produced this stage's answers
     sd.begin(p.fingerprint, p.settings, expected, environment=env)
     sd.contract = set(stage.writes)
     echo(f"[{name}] {'resuming' if resuming else 'running'} ({expected} examples)")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline import fields
+from pipeline.backends.identity import describe
 from pipeline.errors import InputError, PipelineError, StageError
 from pipeline.fields import DIMENSIONS, ORDERS, quality_scores, show
 from pipeline.io import _fsync_dir, file_digest, read_json
@@ -221,13 +222,22 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False)
 
 
+def credited(prov: dict[str, Any]) -> str | None:
+    """What to credit with an answer or verdict: the model name, unless what served it was
+    no model (the stand-in, hand-written answers): then that, never the name it was asked
+    under."""
+    served = prov.get("served_by") or {}
+    if isinstance(served, dict) and served.get("model_output") is False:
+        who = served.get("responder") or served.get("kind") or "stand-in"
+        return f"not a model: {who} answers (requested as {prov.get('model')})"
+    return prov.get("model")
+
+
 def generator_model(record: dict[str, Any]) -> str | None:
-    """The model that wrote the pair's answers, as the release names it."""
+    """What wrote the pair's answers, as the release names it."""
     gen = (record.get("provenance") or {}).get("generator") or {}
-    g_ch, g_rj = gen.get("chosen") or {}, gen.get("rejected") or {}
-    if g_ch.get("model") == g_rj.get("model"):
-        return g_ch.get("model")
-    return f"{g_ch.get('model')} (chosen), {g_rj.get('model')} (rejected)"
+    ch, rj = credited(gen.get("chosen") or {}), credited(gen.get("rejected") or {})
+    return ch if ch == rj else f"{ch} (chosen), {rj} (rejected)"
 
 
 def sampling_of(record: dict[str, Any]) -> dict[str, Any]:
@@ -292,7 +302,7 @@ def build_row(record: dict[str, Any], verdict: dict[str, Any] | None) -> dict[st
         "strategy": record.get("strategy"),
         "violated_item_ids": violated,
         "generator_model": generator_model(record),
-        "judge_model": judge_prov.get("model"),
+        "judge_model": credited(judge_prov),
         "sampling": _json(sampling_of(record)),
         "seeds": {"chosen": g_ch.get("seed"), "rejected": g_rj.get("seed")},
         "template_hashes": _json(templates_of(record)),
@@ -496,15 +506,10 @@ def _version_rows(run: Any, publish: Any) -> list[tuple[str, Any, Any]]:
     ]
 
 
-def _hand_written(config: Config | None, models: list[str]) -> str | None:
-    """Why the card must say its pairs come from hand-written sample data, or None."""
+def _hand_written(config: Config | None) -> str | None:
+    """Why the card must say its pairs come from hand-written sample input, or None (that
+    the answers came from no model is said by ``not_model_output``, from the provenance)."""
     reasons = []
-    named = [m for m in models if "hand-written" in m.lower()]
-    if named:
-        reasons.append(
-            "every answer and judge verdict was written by hand and replayed under the model "
-            f"name `{named[0]}`, so no model produced them"
-        )
     if config is not None:
         for p in (config.input.path, config.input.users_path, config.input.questions_path):
             parts = Path(p).parts if p is not None else ()
@@ -819,11 +824,12 @@ def _summary(
         return sorted({str(r[key]) for r in rows if r[key] is not None})
 
     run_name = config.run.name if config is not None else rd.path.name
-    models = distinct("generator_model") + distinct("judge_model")
+    served = _served_by(rd)
     samplings = [sampling_of(r) for r in records]
     return {
         "pretty_name": f"Personalized RewardBench pairs ({run_name})",
-        "hand_written": _hand_written(config, models),
+        "hand_written": _hand_written(config),
+        "not_model_output": _not_model_output(served),
         "license": license,
         "policy": policy,
         "rows": len(rows),
@@ -838,6 +844,7 @@ def _summary(
         },
         "agreement": agreement,
         "provenance": {
+            "served_by": {k: {**v, "described": describe(v)} for k, v in served.items()},
             "generator_models": distinct("generator_model"),
             "judge_models": distinct("judge_model"),
             "run_seed": config.run.seed if config is not None else None,
@@ -849,6 +856,34 @@ def _summary(
             "publish_environment": _publish_versions(),
         },
     }
+
+
+def _served_by(rd: RunDir) -> dict[str, dict[str, Any]]:
+    """Per LLM stage, the identity of what produced its answers (its stage.json)."""
+    out = {}
+    for name in ("rubrics", "responses", "judge"):
+        meta = rd.stage(name).meta
+        served = (meta.environment or {}).get("served_by") if meta is not None else None
+        if isinstance(served, dict):
+            out[name] = served
+    return out
+
+
+def _not_model_output(served: dict[str, dict[str, Any]]) -> str | None:
+    """The card's plain statement when some stage's answers came from no model."""
+    stages = [name for name, ident in served.items() if ident.get("model_output") is False]
+    if not stages:
+        return None
+    return (
+        "The "
+        + " and ".join(
+            {"rubrics": "rubrics", "responses": "answers", "judge": "judge verdicts"}[s]
+            for s in stages
+        )
+        + " in this release are not model output: "
+        + "; ".join(f"{s}: {describe(served[s])}" for s in stages)
+        + "."
+    )
 
 
 def _publish_versions() -> dict[str, str | None]:

@@ -86,7 +86,9 @@ def main() -> None:
     }
     with (
         tempfile.TemporaryDirectory() as tmp,
-        StandinServer(responder=make_responder(answers, questions)) as server,
+        StandinServer(
+            responder=make_responder(answers, questions), responder_name="hand-written"
+        ) as server,
     ):
         cfg = load_config(
             ROOT / "configs" / "quickstart.yaml",
@@ -99,12 +101,20 @@ def main() -> None:
         )
         run_pipeline(cfg, progress=False)
         db = sqlite3.connect(Path(tmp) / "quickstart" / "cache.sqlite")
+        # what answered: the stand-in with the hand-written responder, recorded with every
+        # row so the replay keys its requests by it and the card says no model answered
+        identities = {k: json.loads(v) for k, v in db.execute("SELECT id, identity FROM backends")}
         rows = [
             {
                 "key": k,
                 "stage": st,
                 "request": json.loads(rq),
                 "response": json.loads(rs),
+                "served_by": {
+                    key: value
+                    for key, value in identities[json.loads(rq)["served_by"]].items()
+                    if key != "asked"  # the build's own port: not part of what answered
+                },
                 "_note": "hand-written answer (examples/quickstart/answers.json)",
             }
             for k, st, rq, rs in db.execute(

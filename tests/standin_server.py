@@ -223,6 +223,8 @@ class StandinServer:
         responder: Responder | None = None,
         mode: str = "player",
         max_points: int = 3,
+        responder_name: str | None = None,
+        report_as: dict[str, Any] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
@@ -231,6 +233,13 @@ class StandinServer:
         self.player = ModelPlayer(generate_from_schema, max_points=max_points)
         self.latency_ms, self.latency_sigma = latency_ms, latency_sigma
         self.responder = responder
+        # what /v1/models says answers (recorded as the run's provenance)
+        # report_as: the /v1/models entry to show instead of the stand-in's own (a test that
+        # needs a server posing as another backend, e.g. {"owned_by": "vllm"})
+        self.report_as = report_as
+        self.responder_name = responder_name or (
+            "custom" if responder is not None else {"player": "rule-based"}.get(mode, mode)
+        )
         self._latency_rng = random.Random(latency_seed)
         self._lock = threading.Lock()  # guards records, faults and the latency RNG
         self._records: list[dict[str, Any]] = []
@@ -293,7 +302,19 @@ class StandinServer:
                 await asyncio.wait_for(self._closing.wait(), seconds)
 
     async def _models(self, request: web.Request) -> web.Response:
-        data = [{"id": self.model, "object": "model", "created": 0, "owned_by": "standin"}]
+        if self.report_as is not None:
+            entry = {"id": self.model, "object": "model", "created": 0, **self.report_as}
+            return web.json_response({"object": "list", "data": [entry]})
+        # it says what it is: the pipeline records answers from it as not model output
+        data = [
+            {
+                "id": self.model,
+                "object": "model",
+                "created": 0,
+                "owned_by": "prb-stand-in",
+                "prb_responder": self.responder_name,
+            }
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:

@@ -153,7 +153,9 @@ def test_release_loads_offline_with_reference_schema(run, tmp_path):
     ]
     gen = pairs[0]["provenance"]["generator"]
     assert row["seeds"] == {"chosen": gen["chosen"]["seed"], "rejected": gen["rejected"]["seed"]}
-    assert row["generator_model"] == "standin-model" and row["judge_model"] == "standin-model"
+    # the stand-in is credited as what it is, never as the model name it was asked under
+    credit = "not a model: custom answers (requested as standin-model)"
+    assert row["generator_model"] == credit and row["judge_model"] == credit
     hashes = json.loads(row["template_hashes"])
     assert hashes["chosen"]["template_hash"] == gen["chosen"]["template_hash"]
     assert json.loads(row["sampling"])["chosen"]["temperature"] == 0.8
@@ -187,9 +189,11 @@ def test_card_header_and_contents(run, tmp_path):
     assert f"| rapidfuzz | {env['rapidfuzz']} | n/a |" in card
     assert "| `quality_floor` | 4 |" in card and "| `length_ratio_min` | 0.67 |" in card
     assert '{"coverage_chosen_min"' not in card and '{"python"' not in card
-    # the sample input is hand-written: the first paragraph says so
-    first = card.split("\n# ", 1)[1].split("\n\n")[1]
-    assert "hand-written sample input (`examples/sample_lamp.jsonl`)" in " ".join(first.split())
+    # no model answered (the stand-in did) and the sample input is hand-written: the first
+    # two paragraphs say so
+    first, second = card.split("\n# ", 1)[1].split("\n\n")[1:3]
+    assert "**Not model output.**" in first and "stand-in server" in first
+    assert "hand-written sample input (`examples/sample_lamp.jsonl`)" in " ".join(second.split())
     assert "standin-model" in card and "What decides the output" in card
     release = json.loads((tmp_path / "rel" / "release.json").read_text())
     assert release["license"] == "cc-by-nc-4.0" and release["funnel"]["kept"] == stats["kept"]

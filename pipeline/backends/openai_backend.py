@@ -257,3 +257,35 @@ def check_reachable(cfg: Any) -> None:
             f"cannot reach the OpenAI-compatible server at {strip_userinfo(cfg.base_url)} "
             f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.base_url"
         ) from None
+
+
+def list_models(cfg: Any) -> list[dict[str, Any]]:
+    """The server's ``/models`` entries (id, root, owned_by...), for the run's record of
+    what served its answers. Raises BackendError when the server cannot be asked."""
+    import json as _json
+    import urllib.error
+    import urllib.request
+
+    from pipeline.redact import redact, strip_userinfo
+
+    url = strip_userinfo(cfg.base_url).rstrip("/") + "/models"
+    req = urllib.request.Request(url)
+    key = os.environ.get(cfg.api_key_env)
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=min(cfg.timeout_s, 10)) as resp:
+            body = _json.loads(resp.read(4_000_000))
+    except urllib.error.HTTPError as exc:
+        raise BackendError(
+            f"the server at {strip_userinfo(cfg.base_url)} answered {exc.code} to GET /models, "
+            "so what serves the answers cannot be recorded; check the address and, if it "
+            f"wants a key, the environment variable {cfg.api_key_env}"
+        ) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise BackendError(
+            f"cannot reach the OpenAI-compatible server at {strip_userinfo(cfg.base_url)} "
+            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.base_url"
+        ) from None
+    data = body.get("data") if isinstance(body, dict) else None
+    return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends.base import Backend
+from pipeline.backends.identity import identity_id
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
@@ -21,6 +22,7 @@ from pipeline.errors import BackendError
 class _JsonlCache:
     def __init__(self, path: Path) -> None:
         self._answers: dict[str, ChatResult] = {}
+        self.identities: dict[str, dict[str, Any]] = {}
         with open(path, encoding="utf-8") as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
@@ -28,6 +30,9 @@ class _JsonlCache:
                 try:
                     row = json.loads(line)
                     self._answers[row["key"]] = ChatResult.from_dict(row["response"])
+                    served = row.get("served_by")
+                    if isinstance(served, dict):
+                        self.identities[identity_id(served)] = served
                 except (ValueError, KeyError, TypeError) as exc:
                     raise BackendError(f"{path}, line {n}: not a cache row ({exc})") from None
 
@@ -36,6 +41,34 @@ class _JsonlCache:
 
     def close(self) -> None:
         pass
+
+
+def recorded_identity(source: Path | None) -> dict[str, Any]:
+    """The identity of the backend whose answers ``source`` (a cache.sqlite or its JSONL
+    export) holds: what a replay's requests are keyed by, with ``replayed_from`` added."""
+    if source is None or not Path(source).exists():
+        raise BackendError(
+            f"replay: no answers to replay at {source}; run the stages with a live backend first"
+        )
+    source = Path(source)
+    if source.suffix == ".jsonl":
+        found = _JsonlCache(source).identities
+    else:
+        with RequestCache(source, readonly=True) as cache:
+            found = cache.backends()
+    if len(found) != 1:
+        what = (
+            "no record of the backend that answered"
+            if not found
+            else (f"answers of {len(found)} backends")
+        )
+        raise BackendError(
+            f"replay: {source} holds {what}; replay needs the answers of one backend, "
+            "recorded by this version (rebuild it from a run, e.g. "
+            "scripts/build_quickstart_cache.py for the quickstart's)"
+        )
+    (identity,) = found.values()
+    return {**identity, "replayed_from": source.name}
 
 
 class ReplayBackend(Backend):

@@ -74,7 +74,7 @@ class JudgeOutcome:
 
 
 def build_requests(
-    pairs: list[EvalPair], setting: str, model: str, spec: Any, seed: int
+    pairs: list[EvalPair], setting: str, model: str, spec: Any, seed: int, served_by: str = ""
 ) -> tuple[list[ChatRequest], list[tuple[str, str]]]:
     fmt, ties = spec.opt("format"), spec.opt("ties")
     schema = verdict_schema(spec.opt("max_tokens"), ties) if fmt == "json" else None
@@ -92,6 +92,7 @@ def build_requests(
                     seed=seed,
                     json_schema=schema,
                     schema_name="PairwiseVerdict" if fmt == "json" else "answer",
+                    served_by=served_by,
                 )
             )
             meta.append((p.key, order))
@@ -157,12 +158,16 @@ def run_judge(
 ) -> tuple[dict[str, JudgeOutcome], dict[str, Any]]:
     """Ask the judge about every pair, in both orders, for each setting."""
     from pipeline.backends.factory import make_backend
+    from pipeline.backends.identity import identify, identity_id
     from pipeline.cache import RequestCache
     from pipeline.llm import LLMRunner
     from pipeline.run.layout import CACHE
 
     model = spec.target or cfg.judge.model or cfg.backend.model
     cache_path = out_dir / CACHE  # the judge's own cache, beside its results
+    # what answers is part of each request's key, as in a run (pipeline/backends/identity.py)
+    served = identify(cfg.backend, [model], resolve=cfg.resolve_input, cache_path=cache_path)
+    served_id = identity_id(served)
 
     async def go() -> tuple[dict[str, JudgeOutcome], dict[str, Any]]:
         backend = make_backend(cfg.backend, cache_path, cfg.resolve_input)
@@ -170,8 +175,11 @@ def run_judge(
         stats: dict[str, Any] = {}
         try:
             with RequestCache(cache_path) as cache:
+                cache.put_backend(served_id, served)
                 for setting in settings:
-                    reqs, meta = build_requests(pairs, setting, model, spec, cfg.run.seed)
+                    reqs, meta = build_requests(
+                        pairs, setting, model, spec, cfg.run.seed, served_by=served_id
+                    )
                     runner = LLMRunner(
                         backend,
                         cache,
@@ -193,6 +201,7 @@ def run_judge(
     info = {
         "model": model,
         "backend": cfg.backend.name,
+        "served_by": served,
         "format": spec.opt("format"),
         "ties_allowed": spec.opt("ties"),
         "temperature": spec.opt("temperature"),

@@ -26,6 +26,30 @@ class Context:
     progress: bool = True
     fingerprints: dict[str, str] = field(default_factory=dict)
     _cache: RequestCache | None = None
+    _served_by: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def served_by(self) -> dict[str, Any]:
+        """The identity of the backend that answers this run's requests (computed once, on
+        first use: only a run with an LLM stage to plan needs it)."""
+        if self._served_by is None:
+            self._served_by = resolve_identity(self)
+        return self._served_by
+
+    @property
+    def served_by_id(self) -> str:
+        """The id every request of this run carries (``ChatRequest.served_by``)."""
+        from pipeline.backends.identity import identity_id
+
+        return identity_id(self.served_by)
+
+    def served_by_setting(self) -> dict[str, Any]:
+        """The identity as a stage's settings hold it: only what is keyed, so a note on
+        how it was found never changes a fingerprint."""
+        from pipeline.backends.identity import NOT_KEYED
+
+        return {k: v for k, v in self.served_by.items() if k not in NOT_KEYED}
 
     @property
     def cache(self) -> RequestCache:
@@ -40,6 +64,7 @@ class Context:
 
         b = self.config.backend
         backend: Backend = make_backend(b, self.run_dir.cache_path, self.config.resolve_input)
+        self.cache.put_backend(self.served_by_id, self.served_by)
         try:
             yield LLMRunner(
                 backend,
@@ -99,3 +124,35 @@ class Stage(abc.ABC):
         if not sd.done:
             raise StageError(f"stage '{self.name}' needs stage '{stage}', which is not done")
         return sd
+
+
+def resolve_identity(ctx: Context) -> dict[str, Any]:
+    """What answers this run (pipeline/backends/identity.py). When a server cannot be
+    reached, the identity this run recorded for the same backend settings is assumed, with
+    a warning: the answers the cache holds for it are served, and the first request it does
+    not hold fails at the server."""
+    from pipeline.backends.identity import identify, plain_url
+    from pipeline.errors import BackendError, PipelineError
+
+    cfg = ctx.config
+    b = cfg.backend
+    models = [b.model] + ([cfg.judge.model] if cfg.judge.model else [])
+    asked = {
+        "backend": b.name,
+        "url": plain_url(b.base_url) if b.name in ("openai", "ray") else None,
+    }
+    try:
+        identity = identify(b, models, resolve=cfg.resolve_input, cache_path=ctx.run_dir.cache_path)
+    except BackendError as exc:
+        for sd in ctx.run_dir.stages():
+            try:
+                meta = sd.meta
+            except PipelineError:
+                continue
+            recorded = (meta.environment or {}).get("served_by") if meta else None
+            if isinstance(recorded, dict) and recorded.get("asked") == asked:
+                ctx.warnings.append(f"{exc} Continuing with the answers in the run's cache.")
+                note = "not reachable now; assumed to be what served this run before"
+                return {**recorded, "assumed": note}
+        raise
+    return {**identity, "asked": asked}

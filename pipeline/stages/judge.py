@@ -92,6 +92,7 @@ class JudgeStage(Stage):
         return {
             "judge": c.judge.model_dump(mode="json"),
             "model": self.model(ctx),
+            "served_by": ctx.served_by_setting(),
             "seed": c.run.seed,
             "templates": {k: load_template(v).sha256 for k, v in TEMPLATES.items()},
             "schemas": {
@@ -151,6 +152,7 @@ class JudgeStage(Stage):
             max_tokens=max_tokens,
             json_schema=schema,
             schema_name=SCHEMA_NAMES[kind],
+            served_by=ctx.served_by_id,
         )
 
     @staticmethod
@@ -377,6 +379,7 @@ class JudgeStage(Stage):
             "pairwise": ex.pairs,
             "provenance": {
                 "model": self.model(ctx),
+                "served_by": ctx.served_by,
                 "sampling": ctx.config.judge.sampling.model_dump(),
                 "seed": ctx.config.run.seed,
                 "templates": {k: load_template(v).provenance() for k, v in TEMPLATES.items()},

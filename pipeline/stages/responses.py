@@ -180,6 +180,7 @@ class ResponseStage(Stage):
         return {
             "responses": c.responses.model_dump(mode="json"),
             "model": c.backend.model,
+            "served_by": ctx.served_by_setting(),
             "seed": c.run.seed,
             "templates": {n: load_template(TEMPLATES[n]).sha256 for n in names},
         }
@@ -246,7 +247,11 @@ class ResponseStage(Stage):
         def add(job: _Job, msgs: tuple, n: int) -> None:
             seed = derive_seed(c.run.seed, ex["example_id"], job.strategy, job.sample_offset)
             jobs.append(job)
-            requests.append(ChatRequest.sampled(msgs, c.backend.model, samp, n=n, seed=seed))
+            requests.append(
+                ChatRequest.sampled(
+                    msgs, c.backend.model, samp, n=n, seed=seed, served_by=ctx.served_by_id
+                )
+            )
 
         t = load_template(TEMPLATES["chosen"])
         add(_Job("chosen", 0, t, ids, [], {}), t.render(items=items, **common), r.n)
@@ -321,6 +326,7 @@ class ResponseStage(Stage):
                     "provenance": {
                         **job.template.provenance(),
                         "model": ans.result.model or c.backend.model,
+                        "served_by": ctx.served_by,
                         "sampling": c.responses.sampling.model_dump(),
                         "seed": req.seed,
                         "n": req.n,

@@ -138,6 +138,7 @@ class RubricStage(Stage):
         s: dict[str, Any] = {"rubrics": c.rubrics.model_dump(mode="json")}
         if c.rubrics.source == "generated":
             s["model"] = c.backend.model
+            s["served_by"] = ctx.served_by_setting()
             s["template_hash"] = load_template(TEMPLATE).sha256
             s["seed"] = c.run.seed
             s["schema"] = self._schema(ctx)
@@ -210,6 +211,7 @@ class RubricStage(Stage):
             seed=c.run.seed,
             json_schema=self._schema(ctx),
             schema_name="rubric",
+            served_by=ctx.served_by_id,
         )
 
     async def _generated(self, ctx: Context, out: StageDir, examples: Any, resumed: int) -> dict:
@@ -255,6 +257,7 @@ class RubricStage(Stage):
             prov = {
                 **tmpl.provenance(),
                 "model": c.backend.model,
+                "served_by": ctx.served_by,
                 "sampling": s.model_dump(),
                 "seed": c.run.seed,
                 "request_key": outcome.request.key,
