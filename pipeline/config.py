@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +34,9 @@ class _Section(BaseModel):
 class RunSection(_Section):
     name: str = Field("run", description="Run name; the run directory is <output_dir>/<name>.")
     output_dir: Path = Field(
-        Path("outputs"), description="Folder holding run directories (relative to the CWD)."
+        Path("outputs"),
+        description="Folder holding run directories; relative: to the config file's folder "
+        "(from --set: to the current folder).",
     )
     seed: int = Field(0, description="Base seed: sampling seeds and A/B shuffles derive from it.")
 
@@ -476,6 +479,7 @@ class Config(_Section):
     _base_dir: Path = Path(".")
 
     def resolve_input(self, p: Path | None) -> Path | None:
+        """A path from the config: relative ones are the config file's folder's."""
         if p is None:
             return None
         p = Path(p).expanduser()
@@ -483,7 +487,10 @@ class Config(_Section):
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.run.output_dir) / self.run.name
+        """The run directory, absolute: the same folder wherever `prb` is started."""
+        out = self.resolve_input(Path(self.run.output_dir))
+        assert out is not None
+        return Path(os.path.abspath(out / self.run.name))
 
     def to_yaml(self) -> str:
         """The resolved config as YAML, with any user:password@ stripped from URLs."""
@@ -590,9 +597,26 @@ def parse_override(spec: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
+# Config fields that hold paths. In a config file a relative one is the file's folder's;
+# typed with --set it is the current folder's, like any path on a command line.
+PATH_FIELDS = (
+    "run.output_dir",
+    "input.path",
+    "input.users_path",
+    "input.questions_path",
+    "backend.replay_cache",
+)
+
+
+def apply_overrides(data: dict, overrides: list[str], cwd_paths: bool = False) -> dict:
+    """Apply ``--set`` overrides to the parsed config. ``cwd_paths``: a relative path given
+    for a path field is made absolute against the current folder (the config file's folder
+    is what relative paths in the file itself resolve against)."""
     for spec in overrides:
         parts, value = parse_override(spec)
+        path_field = ".".join(parts) in PATH_FIELDS and isinstance(value, str) and value
+        if cwd_paths and path_field and not Path(value).expanduser().is_absolute():
+            value = os.path.abspath(value)
         cur = data
         for p in parts[:-1]:
             nxt = cur.get(p)
@@ -786,7 +810,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of sections", path=path)
-    data = apply_overrides(data, overrides or [])
+    data = apply_overrides(data, overrides or [], cwd_paths=True)
     source = str(path) + (" (with --set overrides)" if overrides else "")
     _check_plain(data, source)
     try:
@@ -798,6 +822,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     register_names([cfg.backend.api_key_env, cfg.annotation.token_env])
     for url in (cfg.backend.base_url, cfg.annotation.url):
         register_value(url_password(url) if url else None)
+    cfg._base_dir = path.resolve().parent  # before the checks that look at the run dir
     _check_consistency(cfg, source)
     _check_output_dir(cfg, source)
     _check_schema_budgets(cfg, source)

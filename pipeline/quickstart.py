@@ -91,9 +91,6 @@ def next_steps(res: dict[str, Any]) -> str:
     release = _shown_path(res["publish"]["out"])
     html = Path(res["audit"]["outputs"]["html"]).resolve()
     ann = res["annotation"]
-    # the parquet files, not load_dataset(folder): datasets caches a local folder under its
-    # name and config, so a second release in another `publish/` folder, or this one
-    # re-published, would load the first one's rows
     configs = ", ".join(k for k in res["publish"].get("configs", {}) if k != "all")
     # a checkout: the working folder when it is one, else the one this package runs from
     root = next(
@@ -107,8 +104,7 @@ def next_steps(res: dict[str, Any]) -> str:
         f"  2. Load the release in Python ({res['publish']['rows']} pairs in all/; one "
         f"folder per category: {configs}):",
         "       import datasets",
-        f'       files = {{"test": "{release}/all/*.parquet"}}',
-        '       ds = datasets.load_dataset("parquet", data_files=files, split="test")',
+        f'       ds = datasets.load_dataset("{release}", "all", split="test")',
         f"  3. See what a filter dropped and why: {prb} inspect {run_dir}",
         f"  4. The round-1 task file ({_shown_path(ann['tasks_file'])}) holds "
         f"{ann['pairs']} pairs and {ann['gold']} gold attention "
@@ -123,12 +119,11 @@ def next_steps(res: dict[str, Any]) -> str:
             "     the test suite's stand-in server (rule-based filler, not a model; no GPU):",
             f"       {python} {_shown_path(standin)} --port 8000 &",
             f"       {prb} run {_shown_path(sample)}",
-            f"       {prb} status {_shown_path(Path('outputs') / 'sample')}",
+            f"       {prb} status {_shown_path(root / 'outputs' / 'sample')}",
             "     then against a real OpenAI-compatible server (e.g. `vllm serve MODEL --port "
-            "8000`),",
-            "     under a new run name so that the stand-in's cached answers are not reused:",
-            f"       {prb} run {_shown_path(sample)} --set backend.model=MODEL "
-            "--set run.name=MYRUN",
+            "8000`): the same",
+            "     run re-does every stage the new server answers, never reusing the stand-in's:",
+            f"       {prb} run {_shown_path(sample)} --set backend.model=MODEL",
         ]
     else:
         lines.append(

@@ -289,7 +289,7 @@ def test_setup_commands_come_first_and_the_main_command_ends_with_next_steps(wal
     assert ".venv/bin/prb inspect outputs/quickstart" in out
     assert "source .venv/bin/activate" in out
     assert "report/audit.html" in out and "file://" in out
-    assert 'files = {"test": "outputs/quickstart/publish/all/*.parquet"}' in out
+    assert 'datasets.load_dataset("outputs/quickstart/publish", "all", split="test")' in out
     assert "3 pairs and 1 gold attention check" in out
     assert re.search(r"\.venv/bin/python3? tests/standin_server\.py --port 8000 &", out)
     assert ".venv/bin/prb run configs/sample.yaml" in out
