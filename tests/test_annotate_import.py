@@ -240,3 +240,20 @@ def test_round_numbers_are_checked_where_they_are_parsed(tmp_path, capsys, actio
     else:
         assert f"got {round_no}" in line and "the first round is --round 1" in line
     assert disk_state(tmp_path) == before
+
+
+def test_a_pipe_for_the_run_or_the_export_is_named(round1, tmp_path, capsys):
+    import os
+
+    run_dir, _ = round1
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    before = disk_state(tmp_path)
+    for argv in (
+        ["annotate", "import", str(pipe), "--round", "1"],
+        ["annotate", "import", str(run_dir), "--round", "1", "--from-file", str(pipe)],
+    ):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and f"{pipe}: is a named pipe" in err
+    assert disk_state(tmp_path) == before

@@ -104,12 +104,17 @@ def _add_set(p: argparse.ArgumentParser) -> None:
 def load_annotate_config(target: Path | None, overrides: list[str]) -> tuple[Any, Path | None]:
     """(config, run directory) from a run config file, a run directory (its run.yaml), or
     nothing (defaults)."""
-    from pipeline.config import Config, apply_overrides, load_config
+    from pipeline.config import Config, apply_overrides, load_config, path_kind
 
     if target is None:
         cfg = Config.model_validate(apply_overrides({}, overrides))
         return cfg, None
     target = Path(target)
+    kind = path_kind(target)
+    if kind not in (None, "a file", "a folder"):
+        raise LabelStudioError(
+            f"{target}: is {kind}; pass a run directory (outputs/<run>) or the run's config file"
+        )
     if target.is_file():
         cfg = load_config(target, overrides)
         return cfg, cfg.run_dir
