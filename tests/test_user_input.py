@@ -201,6 +201,12 @@ def test_generic_and_hf_paths_and_the_config_itself(tmp_path, capsys):
     assert "/dev/zero: is a character device, not a file" in line
 
 
+def test_audit_of_a_pipe(tmp_path, capsys):
+    pipe = _fifo(tmp_path, "pairs.jsonl")
+    line = _returns_within(30, lambda: refused(capsys, tmp_path, ["audit", str(pipe)]))
+    assert f"{pipe}: is a named pipe, not a pairs file or folder" in str(line)
+
+
 def test_ingest_called_directly_refuses_a_pipe_too(tmp_path):
     from pipeline.config import InputSection
     from pipeline.errors import InputError
