@@ -578,7 +578,10 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             import traceback
 
-            traceback.print_exc()
+            from pipeline.redact import redact
+
+            # redacted like the line below: a URL with a key in it, a server's echo of it
+            print(redact(traceback.format_exc()), end="", file=sys.stderr)
         print(f"error: {line}", file=sys.stderr)
         return 1
 

@@ -12,6 +12,7 @@ import difflib
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import ConfigError
-from pipeline.redact import redact, register_names, register_value, strip_userinfo, url_password
+from pipeline.redact import public_url, redact, register_names, register_value, url_secrets
 from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
 from pipeline.rules import default as rule_default
 
@@ -28,7 +29,9 @@ Strategy = Literal["avoid_all", "violate_one", "other_user"]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are never a setting: `timeout_s: .inf` made every request fail with an
+    # OverflowError far from the field that caused it
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunSection(_Section):
@@ -76,26 +79,41 @@ class InputSection(_Section):
         default_factory=dict,
         description="hf: our field name -> the source column name (e.g. {question: query}).",
     )
-    limit: int | None = Field(None, ge=1, description="Read at most this many examples.")
+    # upper bounds on counts guard against typos (an extra zero or two), not real inputs
+    limit: int | None = Field(
+        None, ge=1, le=1_000_000_000, description="Read at most this many examples."
+    )
 
 
 class VLLMSection(_Section):
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine (tensor parallel).")
+    # the largest tensor-parallel deployments span 8 nodes of 8 GPUs
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs per engine (tensor parallel)."
+    )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of GPU memory vLLM may take."
     )
-    max_model_len: int | None = Field(None, ge=1, description="Context length; model default.")
+    # 2**24 tokens: above every released model's context window
+    max_model_len: int | None = Field(
+        None, ge=1, le=2**24, description="Context length; model default."
+    )
     dtype: str = Field("auto", description="Weights dtype: auto, bfloat16, float16...")
     enable_prefix_caching: bool = Field(
         True, description="Reuse KV cache across prompts that share a prefix."
     )
     chunk_size: int = Field(
-        4096, ge=1, description="Requests per batched LLM.chat call (bounds memory and loss)."
+        4096,
+        ge=1,
+        le=1_000_000,
+        description="Requests per batched LLM.chat call (bounds memory and loss).",
     )
     # vLLM's own default on an H100 is 1024, above its CUDA-graph capture size (512); runs
     # allowed more than 512 running sequences were intermittently 15-25% slower (docs/vllm.md).
     max_num_seqs: int = Field(
-        512, ge=1, description="Most sequences the engine runs at once (vllm.LLM max_num_seqs)."
+        512,
+        ge=1,
+        le=65_536,
+        description="Most sequences the engine runs at once (vllm.LLM max_num_seqs).",
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for vllm.LLM(...)."
@@ -112,13 +130,21 @@ class RaySection(_Section):
         "engine per replica on the cluster's GPUs.",
     )
     replicas: int = Field(
-        1, ge=1, description="Parallel workers (http) or vLLM engine replicas (vllm)."
+        1, ge=1, le=1024, description="Parallel workers (http) or vLLM engine replicas (vllm)."
     )
-    batch_size: int = Field(64, ge=1, description="Rows per Ray Data batch.")
+    batch_size: int = Field(64, ge=1, le=100_000, description="Rows per Ray Data batch.")
     num_cpus: int | None = Field(
-        None, ge=1, description="CPUs for a local Ray (ignored when address is set)."
+        None, ge=1, le=4096, description="CPUs for a local Ray (ignored when address is set)."
     )
-    num_gpus_per_replica: int = Field(1, ge=0, description="vllm: GPUs per engine replica.")
+    num_gpus_per_replica: int = Field(1, ge=0, le=64, description="vllm: GPUs per engine replica.")
+    result_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        le=86_400,
+        description="Longest wait for the next batch of answers before the stage fails "
+        "with an error instead of waiting forever on a stuck Ray; raise it if one batch "
+        "(with its retries, or a vLLM replica loading a large model) takes longer.",
+    )
 
 
 class BackendSection(_Section):
@@ -131,30 +157,49 @@ class BackendSection(_Section):
         "OPENAI_API_KEY",
         description="openai: name of the environment variable that holds the API key.",
     )
-    max_concurrency: int = Field(64, ge=1, description="openai: requests in flight at most.")
-    timeout_s: float = Field(120.0, gt=0, description="openai: per-request timeout in seconds.")
-    max_attempts: int = Field(
-        6, ge=1, description="Attempts per request on transient errors (429, 5xx, timeouts)."
+    # one worker task and one socket per slot: 1024 is the default open-file limit
+    # (ulimit -n) of a Linux process, and more than a single server batches at once
+    max_concurrency: int = Field(
+        64, ge=1, le=1024, description="openai: requests in flight at most."
     )
-    backoff_initial_s: float = Field(0.5, ge=0, description="First retry wait; doubles each try.")
-    backoff_max_s: float = Field(30.0, ge=0, description="Longest wait between two attempts.")
+    # an hour: no single chat request takes longer; a longer timeout only hides a hung server
+    timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="openai: per-request timeout in seconds."
+    )
+    max_attempts: int = Field(
+        6,
+        ge=1,
+        le=100,
+        description="Attempts per request on transient errors (429, 5xx, timeouts).",
+    )
+    backoff_initial_s: float = Field(
+        0.5, ge=0, le=600, description="First retry wait; doubles each try."
+    )
+    backoff_max_s: float = Field(
+        30.0, ge=0, le=3600, description="Longest wait between two attempts."
+    )
     http_transport: Literal["aiohttp", "httpx"] = Field(
         "aiohttp",
         description="openai: HTTP transport; aiohttp measured faster here "
         "(benchmarks/backend_throughput.py).",
     )
     max_reasks: int = Field(
-        2, ge=0, description="Re-asks when a JSON-schema answer does not parse or validate."
+        2,
+        ge=0,
+        le=10,
+        description="Re-asks when a JSON-schema answer does not parse or validate.",
     )
     invalid_retry_runs: int = Field(
         1,
         ge=0,
+        le=100,
         description="Runs that retry a request whose answer stayed invalid after its "
         "re-asks before the failure is final (a deterministic model repeats itself).",
     )
     abort_after_failures: int = Field(
         50,
         ge=1,
+        le=1_000_000,
         description="Stop the stage after this many consecutive failed requests "
         "(the server is likely down).",
     )
@@ -186,11 +231,14 @@ class BackendSection(_Section):
 class SamplingSection(_Section):
     temperature: float = Field(0.8, ge=0, le=2, description="Sampling temperature.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass.")
-    max_tokens: int = Field(400, ge=1, description="Longest answer in tokens.")
+    # 2**20 tokens: more than any model's whole context window
+    max_tokens: int = Field(400, ge=1, le=2**20, description="Longest answer in tokens.")
 
 
 class ProfileSection(_Section):
-    top_k: int = Field(10, ge=1, description="Past posts kept per example, most relevant first.")
+    top_k: int = Field(
+        10, ge=1, le=10_000, description="Past posts kept per example, most relevant first."
+    )
     ranker: Literal["bm25", "embedding"] = Field(
         "bm25", description="bm25: lexical, no model; embedding: sentence-transformers."
     )
@@ -204,8 +252,11 @@ class RubricsSection(_Section):
     source: Literal["given", "generated"] = Field(
         "given", description="given: the input's rubric_aspects; generated: derived by the LLM."
     )
-    min_items: int = Field(2, ge=1, description="Fewest aspects a generated rubric may have.")
-    max_items: int = Field(6, ge=1, description="Most aspects a generated rubric may have.")
+    # every aspect is judged as its own item of one request: 100 is far past useful
+    min_items: int = Field(
+        2, ge=1, le=100, description="Fewest aspects a generated rubric may have."
+    )
+    max_items: int = Field(6, ge=1, le=100, description="Most aspects a generated rubric may have.")
     merge_threshold: float = Field(
         90.0,
         ge=0,
@@ -220,24 +271,32 @@ class RubricsSection(_Section):
     reasks: int = Field(
         2,
         ge=0,
+        le=10,
         description="Re-asks, with the reason, when merging near-duplicate aspects leaves "
         "fewer than min_items.",
     )
 
 
 class ResponsesSection(_Section):
-    n: int = Field(2, ge=1, description="Candidates per side (chosen, and per strategy rejected).")
+    n: int = Field(
+        2, ge=1, le=100, description="Candidates per side (chosen, and per strategy rejected)."
+    )
     strategies: list[Strategy] = Field(
         default_factory=lambda: list[Strategy](["avoid_all"]),
         min_length=1,
         description="Rejected strategies: avoid_all, violate_one, other_user.",
     )
-    word_cap: int = Field(100, ge=10, description="Word cap stated to the model for both sides.")
+    word_cap: int = Field(
+        100, ge=10, le=10_000, description="Word cap stated to the model for both sides."
+    )
     sampling: SamplingSection = Field(
         default_factory=SamplingSection, description="Sampling for chosen and rejected answers."
     )
     chunk_size: int = Field(
-        256, ge=1, description="Examples per output shard (a crash loses at most one chunk)."
+        256,
+        ge=1,
+        le=1_000_000,
+        description="Examples per output shard (a crash loses at most one chunk).",
     )
 
     @field_validator("strategies")
@@ -260,12 +319,14 @@ class JudgeSection(_Section):
     rationale_max_chars: int = Field(
         300,
         ge=40,
+        le=100_000,
         description="Longest rationale a verdict schema allows (shorter when max_tokens is "
         "tight; see pipeline/schemas.py).",
     )
     max_pairs_per_example: int = Field(
         4,
         ge=1,
+        le=1000,
         description="Chosen x rejected combinations per example sent to the pairwise judge, "
         "best pointwise margin first.",
     )
@@ -321,18 +382,25 @@ class PairsSection(_Section):
         le=2,
         description="violate_one: the rejected answer's least score on the items it keeps.",
     )
+    # ten times the cap is no cap at all
     length_slack: float = Field(
         rule_default("length_slack"),
         ge=0,
+        le=10,
         description="Word cap tolerance: both answers <= word_cap * (1 + slack).",
     )
+    # the word counts of two capped answers differ by less than word_cap * (1 + slack)
     length_ratio_min: float = Field(
         rule_default("length_ratio_min"),
         gt=0,
+        le=1000,
         description="Least chosen/rejected word-count ratio.",
     )
     length_ratio_max: float = Field(
-        rule_default("length_ratio_max"), gt=0, description="Largest chosen/rejected ratio."
+        rule_default("length_ratio_max"),
+        gt=0,
+        le=1000,
+        description="Largest chosen/rejected ratio.",
     )
     similarity_min: float = Field(
         rule_default("similarity_min"),
@@ -368,6 +436,7 @@ class PairsSection(_Section):
     echo_min_words: int = Field(
         rule_default("echo_min_words"),
         ge=1,
+        le=1000,
         description="rubric_echo: least words a rubric aspect needs to count.",
     )
     echo_threshold: float = Field(
@@ -435,7 +504,9 @@ class AnnotationSection(_Section):
         Path(".labelstudio/data"),
         description="LABEL_STUDIO_BASE_DATA_DIR of the local server (its SQLite and media).",
     )
-    sample_size: int = Field(200, ge=1, description="Pairs sampled per round (gold excluded).")
+    sample_size: int = Field(
+        200, ge=1, le=1_000_000, description="Pairs sampled per round (gold excluded)."
+    )
     stratify_by: list[Literal["category", "strategy", "confidence"]] = Field(
         default_factory=lambda: list[Literal["category", "strategy", "confidence"]](
             ["category", "strategy", "confidence"]
@@ -443,11 +514,17 @@ class AnnotationSection(_Section):
         description="Strata the sample is spread over; confidence: the judge margin's tercile.",
     )
     gold_tasks: int = Field(
-        10, ge=0, description="Attention-check tasks with a known answer added per round."
+        10,
+        ge=0,
+        le=10_000,
+        description="Attention-check tasks with a known answer added per round.",
     )
-    batch_size: int = Field(100, ge=1, description="Tasks per import request.")
+    batch_size: int = Field(100, ge=1, le=10_000, description="Tasks per import request.")
     min_votes: int = Field(
-        2, ge=1, description="Annotations a pair needs before it can be verified or refuted."
+        2,
+        ge=1,
+        le=100,
+        description="Annotations a pair needs before it can be verified or refuted.",
     )
 
     @field_validator("url")
@@ -493,11 +570,12 @@ class Config(_Section):
         return Path(os.path.abspath(out / self.run.name))
 
     def to_yaml(self) -> str:
-        """The resolved config as YAML, with any user:password@ stripped from URLs."""
+        """The resolved config as YAML, with the credentials in URLs (user:password@, a
+        key in the query string) left out."""
         data = self.model_dump(mode="json")
-        data["backend"]["base_url"] = strip_userinfo(data["backend"]["base_url"])
+        data["backend"]["base_url"] = public_url(data["backend"]["base_url"])
         if data["annotation"].get("url"):
-            data["annotation"]["url"] = strip_userinfo(data["annotation"]["url"])
+            data["annotation"]["url"] = public_url(data["annotation"]["url"])
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
@@ -588,7 +666,7 @@ def parse_override(spec: str) -> tuple[list[str], Any]:
     if not parts:
         raise ConfigError(f"--set has an empty key: {spec!r}", path="--set")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=ConfigLoader) if raw.strip() else ""
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         # the value is not repeated: it may be a secret typed in the wrong place
         raise ConfigError(
@@ -673,6 +751,127 @@ _YAML_TYPES = {
 
 # A config is a few hundred values; YAML aliases can make a small file expand to billions.
 _MAX_CONFIG_VALUES = 100_000
+# A config is a few KiB; anything far larger is the wrong file.
+_MAX_CONFIG_BYTES = 1 << 20
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping holds the same key twice (YAML itself keeps the last one silently)."""
+
+    def __init__(self, key: Any, first: yaml.Mark, second: yaml.Mark) -> None:
+        self.key = key
+        self.first_line = first.line + 1
+        self.line = second.line + 1
+        super().__init__(
+            None, None, f"duplicate key {key!r} (first on line {self.first_line})", second
+        )
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping: two ``responses:``
+    blocks would otherwise lose the first without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` then a key of its own overrides: allowed
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:
+                    continue  # unhashable: the base class says so with its own error
+                if first is not key_node.start_mark:
+                    raise DuplicateKeyError(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+_PATH_KINDS = (
+    (stat.S_ISREG, "a file"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def path_kind(path: str | Path) -> str | None:
+    """What is at ``path`` (links followed): "a file", "a folder", "a named pipe", "a
+    character device"...; None when nothing is. Only stat()s: never opens it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None  # a parent is a file: nothing can be there
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    return next((name for test, name in _PATH_KINDS if test(mode)), "a special file")
+
+
+def check_input_path(
+    path: Path,
+    want: Literal["file", "folder or parquet file"],
+    *,
+    field: str,
+    source: str,
+    what: str = "a JSONL file",
+) -> None:
+    """Refuse an existing input path that is not what ``want`` says, before anything opens
+    it: a named pipe or a device would be read forever. A missing path is left to the
+    reader, which says so."""
+    kind = path_kind(path)
+    if kind is None or (kind == "a file" and want == "file"):
+        return
+    if want == "folder or parquet file" and (
+        kind == "a folder" or (kind == "a file" and path.suffix.lower() == ".parquet")
+    ):
+        if kind == "a folder":
+            # datasets reads every file of the folder: a pipe in it hangs as well
+            for inner in sorted(path.rglob("*")):
+                inner_kind = path_kind(inner)
+                if inner_kind not in ("a file", "a folder", None):
+                    raise ConfigError(
+                        f"{inner} in the dataset folder is {inner_kind}, not a file; "
+                        "remove it or point input.path at a clean copy",
+                        path=source,
+                        field=field,
+                    )
+        return
+    if want != "file":
+        what = "a `datasets` folder or a .parquet file"
+    raise ConfigError(
+        f"{path} is {kind}, not {what}; point {field} at {what}", path=source, field=field
+    )
+
+
+def _check_input_paths(cfg: Config, source: str) -> None:
+    """Every input path the config names is what its format reads (nothing is read yet)."""
+    c = cfg.input
+    wanted: list[tuple[str, Path | None, Literal["file", "folder or parquet file"]]] = []
+    if c.format == "lamp":
+        wanted.append(("input.path", c.path, "file"))
+    elif c.format == "generic":
+        wanted += [("input.users_path", c.users_path, "file")]
+        wanted += [("input.questions_path", c.questions_path, "file")]
+    else:
+        wanted.append(("input.path", c.path, "folder or parquet file"))
+    for field, p, want in wanted:
+        resolved = cfg.resolve_input(p)
+        if resolved is not None:
+            check_input_path(resolved, want, field=field, source=source)
+    if cfg.backend.name == "replay" and cfg.backend.replay_cache is not None:
+        replay = cfg.resolve_input(cfg.backend.replay_cache)
+        if replay is not None:
+            check_input_path(
+                replay,
+                "file",
+                field="backend.replay_cache",
+                source=source,
+                what="a cache.sqlite or its JSONL export",
+            )
 
 
 def _check_plain(data: Any, source: str) -> None:
@@ -779,14 +978,23 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     ``pipeline.redact``, so that every later error and echo masks their values.
     """
     path = Path(path)
+    kind = path_kind(path)
+    if kind is None:
+        raise ConfigError("config file not found", path=path)
+    if kind != "a file":
+        # a named pipe or /dev/zero would be read forever
+        raise ConfigError(f"is {kind}, not a file; pass the run's YAML config file", path=path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError("config file not found", path=path) from None
-    except IsADirectoryError:
-        raise ConfigError("expected a YAML file, found a folder", path=path) from None
+        with open(path, "rb") as fh:
+            raw = fh.read(_MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config: {exc.strerror or exc}", path=path) from None
+    if len(raw) > _MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"is larger than {_MAX_CONFIG_BYTES // 1024} KiB, too large for a config (one is a "
+            "few KiB); pass the run's YAML config file",
+            path=path,
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -798,7 +1006,17 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         ) from None
     register_names(_ENV_NAME_RE.findall(text))
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=ConfigLoader)
+    except DuplicateKeyError as exc:
+        raise ConfigError(
+            redact(
+                f"key {exc.key!r} appears twice in one mapping (first on line "
+                f"{exc.first_line}); YAML would silently keep only this one: merge the two "
+                "or delete one"
+            ),
+            path=path,
+            line=exc.line,
+        ) from None
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         raise ConfigError(
@@ -821,12 +1039,14 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         raise ConfigError("nested too deeply", path=source) from None
     register_names([cfg.backend.api_key_env, cfg.annotation.token_env])
     for url in (cfg.backend.base_url, cfg.annotation.url):
-        register_value(url_password(url) if url else None)
+        for secret in url_secrets(url) if url else []:
+            register_value(secret)
     cfg._base_dir = path.resolve().parent  # before the checks that look at the run dir
     _check_consistency(cfg, source)
     _check_output_dir(cfg, source)
     _check_schema_budgets(cfg, source)
     cfg._base_dir = path.resolve().parent
+    _check_input_paths(cfg, source)
     return cfg
 
 
@@ -856,5 +1076,30 @@ def describe_fields(model: BaseModel | None = None, prefix: str = "") -> list[tu
             rows.extend(describe_fields(value, dotted + "."))
         else:
             shown = json.dumps(str(value) if isinstance(value, Path) else value)
-            rows.append((dotted, shown, f.description or ""))
+            desc = f.description or ""
+            bounds = _bounds_text(f.metadata)
+            rows.append((dotted, shown, f"{desc} {bounds}" if bounds else desc))
     return rows
+
+
+def _bounds_text(metadata: list[Any]) -> str | None:
+    """A field's allowed range from its ge/gt/le/lt constraints, e.g. "(1 to 1,024)"."""
+    low = high = None
+    for m in metadata:
+        if getattr(m, "ge", None) is not None:
+            low = f"{m.ge:,}"
+        elif getattr(m, "gt", None) is not None:
+            low = f"more than {m.gt:,}"
+        if getattr(m, "le", None) is not None:
+            high = f"{m.le:,}"
+        elif getattr(m, "lt", None) is not None:
+            high = f"less than {m.lt:,}"
+    if low is None and high is None:
+        return None
+    if high is None:
+        return f"({low})" if str(low).startswith("more") else f"(at least {low})"
+    if low is None:
+        return f"(at most {high})"
+    if low.startswith("more"):
+        return f"({low}, at most {high})"
+    return f"({low} to {high})"

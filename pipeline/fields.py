@@ -8,6 +8,7 @@ is the length the filter judged.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,6 +79,36 @@ def word_cap_limit(word_cap: int, slack: float) -> float:
     """The most words an answer may have: the stated cap plus the pair stage's slack
     (models overshoot a stated cap slightly)."""
     return word_cap * (1 + slack)
+
+
+# Characters that draw nothing but are letters or symbols by category, so the category
+# test below misses them: Unicode's Default_Ignorable_Code_Point set (combining grapheme
+# joiner, Hangul fillers, Mongolian and variation selectors, tag characters...) and the
+# blank Braille pattern. NFKC keeps them all.
+_INVISIBLE_RE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f"
+    "\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff]"
+)
+# Control (Cc), format (Cf: zero-width space, word joiner, BOM, bidi marks), surrogate
+# (Cs), unassigned (Cn) and separator (Z*) characters show nothing on their own.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Cn", "Zs", "Zl", "Zp"})
+
+
+def visible_text(text: str) -> str:
+    """What a reader sees of ``text``: NFKC-normalised, with control, format, zero-width
+    and other invisible characters removed and whitespace runs made one space, stripped.
+    Empty when ``text`` shows nothing (only U+200B, NULs, blanks...): the one test of a
+    required text field being empty."""
+    if text.isascii() and text.isprintable():  # the common case, without normalising
+        return " ".join(text.split())
+    out = []
+    for ch in _INVISIBLE_RE.sub("", unicodedata.normalize("NFKC", text)):
+        if ch.isspace():
+            out.append(" ")
+        elif unicodedata.category(ch) not in _INVISIBLE_CATEGORIES:
+            out.append(ch)
+    return " ".join("".join(out).split())
 
 
 def row_id(row: Mapping[str, Any], fallback: str | None = None) -> str | None:

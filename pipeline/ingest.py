@@ -19,7 +19,7 @@ Each returned row has exactly these keys::
     example_id      str   stable_id("example", source_id)
     source_id       str   the input's own id
     user_id         str   lamp: the row's user_id, else its id (one asker per question)
-    question        str   non-empty
+    question        str   with visible text (fields.visible_text)
     category        str | None
     profile         list of {"id": str, "category": str | None, "text": str}
     narrative       str | None
@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import InputSection
+from pipeline.config import InputSection, path_kind
 from pipeline.errors import InputError
+from pipeline.fields import visible_text
 from pipeline.ids import stable_id
 
 # Our field names that an ``hf`` source may map to its own column names.
@@ -98,11 +99,20 @@ def _required(obj: Mapping[str, Any], key: str, field: str, loc: _Loc) -> Any:
     return obj[key]
 
 
+def _blank(value: str) -> str:
+    """How a string with nothing visible is described in an error."""
+    if not value:
+        return "an empty string"
+    if not value.strip():
+        return "only whitespace"
+    return "text with nothing visible (only zero-width, control or blank characters)"
+
+
 def _text(value: Any, field: str, loc: _Loc) -> str:
     if not isinstance(value, str):
         raise loc.fail(field, f"must be a non-empty string, got {_kind(value)}")
-    if not value.strip():
-        raise loc.fail(field, "must be a non-empty string, got an empty string")
+    if not visible_text(value):
+        raise loc.fail(field, f"must be a non-empty string, got {_blank(value)}")
     return value
 
 
@@ -118,8 +128,8 @@ def _ident(value: Any, field: str, loc: _Loc) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise loc.fail(field, f"must be a non-empty string or an integer, got {_kind(value)}")
     text = str(value)
-    if not text.strip():
-        raise loc.fail(field, "must be a non-empty string or an integer, got an empty string")
+    if not visible_text(text):
+        raise loc.fail(field, f"must be a non-empty string or an integer, got {_blank(text)}")
     return text
 
 
@@ -279,6 +289,12 @@ def _read_jsonl(path: Path) -> Iterator[tuple[_Loc, dict]]:
     """Yield (location, object) for each non-blank line; raise on anything else.
 
     A file without a single example is an error too: it would make a run of 0 pairs."""
+    kind = path_kind(path)
+    if kind not in (None, "a file", "a folder"):
+        # checked before open(): opening a named pipe waits for a writer, /dev/zero never ends
+        raise InputError(
+            f"is {kind}, not a JSONL file; point the config at the input file", path=path
+        )
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below; lines are read as they are used
     except FileNotFoundError:
@@ -376,8 +392,10 @@ def _hf_rows(
             "input dataset not found (expected a folder or a .parquet file)", path=path
         )
     if not path.is_dir():
+        kind = path_kind(path)
         raise InputError(
-            "hf input must be a folder saved with `datasets` save_to_disk or a .parquet file",
+            f"is {kind}; hf input must be a folder saved with `datasets` save_to_disk or a "
+            ".parquet file",
             path=path,
         )
 
@@ -450,7 +468,27 @@ def _load_hf(path: Path, split: str | None, columns: Mapping[str, str]) -> Itera
                     path=path,
                     field=col,
                 )
-        return list(dict.fromkeys(keys[n] for n in HF_FIELDS if present[n]))
+        read = [n for n in HF_FIELDS if present[n]]
+        for name in read:
+            col = keys[name]
+            if available.count(col) > 1:
+                # a row becomes a dict: the last of the same-named columns would win silently
+                raise InputError(
+                    f"the source has {available.count(col)} columns named {col!r} (read for "
+                    f"field '{name}'); drop or rename all but one, or map the field to another "
+                    "column with input.columns",
+                    path=path,
+                    field=col,
+                )
+            others = [o for o in read if o != name and keys[o] == col]
+            if others and (name in columns or others[0] in columns):
+                raise InputError(
+                    f"fields '{name}' and '{others[0]}' both read column {col!r}; map each "
+                    "field to a column of its own in input.columns",
+                    path=path,
+                    field=f"columns.{name if name in columns else others[0]}",
+                )
+        return list(dict.fromkeys(keys[n] for n in read))
 
     ids = _Unique("id")
     n = 0
@@ -514,3 +552,13 @@ def load_examples(
     """Every input example, validated (see ``iter_examples``); the whole input is checked
     before anything is returned."""
     return list(iter_examples(cfg, resolve))
+
+
+def check_input(
+    cfg: InputSection,
+    resolve: Callable[[Path | None], Path | None] = lambda p: p,
+) -> int:
+    """Read and validate the whole input without keeping it; returns the row count. Run
+    before anything is written, so that bad input changes nothing on disk (at the cost of
+    one more pass over the input when the ingest stage runs)."""
+    return sum(1 for _ in iter_examples(cfg, resolve))

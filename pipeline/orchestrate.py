@@ -214,6 +214,11 @@ def _decide(
 
 def _preflight(ctx: Context, plans: list[StagePlan], echo: Callable[[str], None]) -> None:
     """A backend that cannot be built fails before the first stage, not at the third."""
+    if any(p.name == "ingest" and p.action != "skip" for p in plans):
+        from pipeline.ingest import check_input
+
+        # bad input is refused before the run directory is created or changed
+        check_input(ctx.config.input, ctx.config.resolve_input)
     if any(p.action != "skip" and p.stage.uses_llm(ctx) for p in plans):
         from pipeline.backends.factory import preflight
 

@@ -8,8 +8,9 @@ garble innocent text and protect nothing.
 
 ``redact(text)`` replaces every such value (also in its JSON-escaped and URL-quoted
 forms, as a server may echo it inside a JSON body or a query string), strips the
-``user:password@`` part of any URL, and masks bearer tokens and OpenAI / Hugging Face key
-shapes even when no variable holds them.
+``user:password@`` part of any URL, masks the value of every query parameter named like a
+credential (``?api-key=``, ``&token=``, ``&sig=``...), and masks bearer tokens and
+OpenAI / Hugging Face key shapes even when no variable holds them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Mapping
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 MIN_SECRET_LEN = 8
 SECRET_NAME_RE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)$", re.IGNORECASE)
@@ -29,6 +30,14 @@ _MIN_URL_PASSWORD_LEN = 4
 
 # scheme://user[:password]@host  ->  scheme://***@host
 _URL_USERINFO_RE = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@\"'<>]+@")
+# Query parameters whose value is a credential: api-key, key, token, access_token, sig,
+# signature, password, client_secret, x-amz-signature, subscription-key... A name that
+# merely ends in "key" (monkey=) is masked too: masking an innocent value costs nothing.
+_QUERY_SECRET_NAME = (
+    r"[A-Za-z0-9_.\-]*?(?:key|token|secret|password|passwd|pwd|sig|signature|credential|auth)"
+)
+_QUERY_SECRET_RE = re.compile(rf"(?P<pre>[?&;]{_QUERY_SECRET_NAME}=)[^&#\s\"'<>]+", re.IGNORECASE)
+_QUERY_SECRET_NAME_RE = re.compile(rf"{_QUERY_SECRET_NAME}", re.IGNORECASE)
 # Credential shapes worth masking even when no configured variable holds them: an
 # Authorization header value (it has a digit: "Token validation" is prose), an
 # OpenAI-style key, a Hugging Face token.
@@ -105,15 +114,30 @@ def redact(text: str) -> str:
         if form in text:
             text = text.replace(form, mask)
     text = _URL_USERINFO_RE.sub(r"\g<scheme>***@", text)
+    text = _QUERY_SECRET_RE.sub(r"\g<pre>***", text)
     return _SHAPES_RE.sub(lambda m: (m.group("auth") or "") + "***", text)
 
 
-def url_password(url: str) -> str | None:
-    """The password part of ``url``'s userinfo, if it has one."""
+def url_secrets(url: str) -> list[str]:
+    """The credentials written into ``url``: its password and every query value whose
+    parameter is named like a credential (``?api-key=...``)."""
     try:
-        return urlsplit(url).password
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
     except ValueError:
-        return None
+        return []
+    found += [
+        v
+        for k, v in parse_qsl(parts.query, keep_blank_values=False)
+        if _QUERY_SECRET_NAME_RE.fullmatch(k)
+    ]
+    return found
+
+
+def public_url(url: str) -> str:
+    """``url`` as it may be shown or written: without ``user:password@`` and with the
+    value of each credential query parameter replaced by ``***``."""
+    return _QUERY_SECRET_RE.sub(r"\g<pre>***", strip_userinfo(url))
 
 
 def strip_userinfo(url: str) -> str:

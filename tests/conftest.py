@@ -43,3 +43,23 @@ def write_config(tmp_path: Path, server: StandinServer | None = None, **sections
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def disk_state(root: Path) -> dict[str, tuple[str, int, str]]:
+    """Every entry under ``root``: relative path -> (kind, size, sha256 of a file's bytes).
+
+    Compared before and after a refused command to show it created, changed and deleted
+    nothing. Named pipes and devices are listed by kind, never opened."""
+    import hashlib
+    import stat
+
+    state = {}
+    for p in sorted(root.rglob("*")):
+        mode = p.lstat().st_mode
+        if stat.S_ISREG(mode):
+            digest = hashlib.sha256(p.read_bytes()).hexdigest()
+            state[str(p.relative_to(root))] = ("file", p.lstat().st_size, digest)
+        else:
+            kind = "dir" if stat.S_ISDIR(mode) else f"special:{stat.S_IFMT(mode):o}"
+            state[str(p.relative_to(root))] = (kind, 0, "")
+    return state

@@ -208,7 +208,9 @@ class StandinServer:
     back to the generated answer. It runs on the server thread, and its content is still
     subject to ``max_tokens`` truncation and injected content faults. ``mode``: "player"
     answers the pipeline's prompts like a simple model (``max_points``: the most points one
-    generated answer covers), "filler" answers everything with filler.
+    generated answer covers), "filler" answers everything with filler. ``authorization``:
+    when set, every request must carry exactly this Authorization header (e.g. "Bearer KEY"
+    or "Basic ..."), else it gets a 401 like a server started with an API key.
     """
 
     def __init__(
@@ -225,6 +227,7 @@ class StandinServer:
         max_points: int = 3,
         responder_name: str | None = None,
         report_as: dict[str, Any] | None = None,
+        authorization: str | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
@@ -240,6 +243,8 @@ class StandinServer:
         self.responder_name = responder_name or (
             "custom" if responder is not None else {"player": "rule-based"}.get(mode, mode)
         )
+        self.authorization = authorization
+        self.refused = 0  # requests answered 401 for a missing or wrong Authorization
         self._latency_rng = random.Random(latency_seed)
         self._lock = threading.Lock()  # guards records, faults and the latency RNG
         self._records: list[dict[str, Any]] = []
@@ -318,7 +323,13 @@ class StandinServer:
         return web.json_response({"object": "list", "data": data})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        record: dict[str, Any] = {"body": None, "status": 0, "fault": None, "time": time.time()}
+        record: dict[str, Any] = {
+            "body": None,
+            "status": 0,
+            "fault": None,
+            "time": time.time(),
+            "query": dict(request.query),
+        }
         with self._lock:
             self._records.append(record)
             noise = self._latency_rng.gauss(0.0, 1.0)
@@ -407,7 +418,7 @@ class StandinServer:
     # -- lifecycle ------------------------------------------------------------------------
     async def _start_site(self) -> None:
         self._closing = asyncio.Event()
-        app = web.Application(client_max_size=64 * 1024**2)
+        app = web.Application(client_max_size=64 * 1024**2, middlewares=[self._auth])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(
@@ -417,6 +428,16 @@ class StandinServer:
         site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
         await site.start()
         self.port = self._runner.addresses[0][1]  # resolve port 0 to the bound port
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.authorization is not None and (
+            request.headers.get("Authorization") != self.authorization
+        ):
+            with self._lock:
+                self.refused += 1
+            return _error(401, "Incorrect API key provided.")
+        return await handler(request)
 
     async def _stop_site(self) -> None:
         if self._closing is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import Config, InputSection, load_config
@@ -36,6 +36,8 @@ FUZZ = settings(
 )
 # the audit fits a probe model per file: fewer examples for the same time
 AUDIT_FUZZ = settings(FUZZ, max_examples=120)
+# an import writes the round's five files, each fsynced: slow on a busy disk
+IMPORT_FUZZ = settings(FUZZ, max_examples=150, deadline=10_000)
 
 
 @pytest.fixture(scope="module")
@@ -393,3 +395,117 @@ def test_audit_raises_only_pipeline_errors(scratch: Path, data: bytes) -> None:
     except PipelineError:
         return
     json.dumps(figures)  # the figures are written as audit.json
+
+
+# ---- annotate import ---------------------------------------------------------------------
+
+choice_value = _maybe(st.sampled_from(["A", "B", "tie", "both bad", " a ", "Skip"]), 6)
+
+
+def _control(name: str, key: str, value: st.SearchStrategy) -> st.SearchStrategy:
+    """One result item of the labeling config's control ``name``, either part junk."""
+    return st.fixed_dictionaries(
+        {
+            "from_name": _maybe(st.just(name), 12),
+            "value": _maybe(st.fixed_dictionaries({key: value}), 12),
+        }
+    )
+
+
+choice_item = _control(
+    "choice", "choices", _maybe(st.lists(choice_value, min_size=1, max_size=2), 12)
+)
+result_item = _maybe(
+    st.one_of(
+        choice_item,
+        _control("flags", "choices", _maybe(st.lists(st.sampled_from(["rubric unclear", "x"])))),
+        _control("confidence", "rating", _maybe(st.integers(0, 6))),
+        _control("comment", "text", _maybe(st.text(max_size=10) | st.lists(st.text(max_size=5)))),
+    ),
+    12,
+)
+ls_annotation = st.fixed_dictionaries(
+    # a vote is a choice item first, then any others
+    {
+        "result": _maybe(
+            st.builds(lambda c, rest: [c, *rest], choice_item, st.lists(result_item, max_size=2)),
+            12,
+        )
+    },
+    optional={
+        "id": _maybe(st.integers(1, 50), 12),
+        "completed_by": _maybe(
+            st.integers(1, 3) | st.fixed_dictionaries({"id": st.integers(1, 3)}), 12
+        ),
+        "was_cancelled": _maybe(st.booleans(), 12),
+        "updated_at": _maybe(st.sampled_from(["2026-01-01", "2026-01-02"]), 12),
+    },
+)
+
+
+@st.composite
+def ls_export(draw: st.DrawFn, keys: list[str]) -> bytes:
+    """A Label Studio JSON export of the round's tasks: mostly the right shape, with any
+    field of any type, sometimes a body that is not a list of tasks at all."""
+    kind = draw(st.sampled_from(["tasks"] * 6 + ["truncated", "scalar", "bytes"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=80))
+    if kind == "scalar":
+        return json.dumps(draw(json_value), allow_nan=True).encode()
+    data = _maybe(
+        _maybe(
+            st.sampled_from(keys).map(lambda k: {"task_key": k, "pair_id": "p", "gold": False}),
+            6,
+        ).map(lambda d: d if isinstance(d, dict) else {"task_key": d}),
+        8,
+    )
+    task = st.fixed_dictionaries(
+        {
+            "id": _maybe(st.integers(1, 20), 12),
+            "data": _maybe(data, 12),
+            "annotations": _maybe(st.lists(ls_annotation, max_size=3), 12),
+        },
+    )
+    text = json.dumps(draw(st.lists(_maybe(task, 20), max_size=6)), allow_nan=True)
+    if kind == "truncated":
+        text = text[: draw(st.integers(0, max(0, len(text) - 1)))]
+    return text.encode()
+
+
+@pytest.fixture(scope="module")
+def exported_round(scratch: Path) -> tuple[Config, Path, list[str]]:
+    """A SYNTHETIC run with round 1 exported to a file (tests/test_annotate_tasks.py)."""
+    import test_annotate_tasks as synth
+
+    from pipeline.annotate.export import export_round
+
+    run_dir = scratch / "synthetic"
+    synth.make_synthetic_run(run_dir, 30)
+    cfg = synth.make_config(scratch, sample_size=8, gold_tasks=2)
+    export_round(cfg, run_dir, 1, file_only=True)
+    tasks = json.loads((run_dir / "annotate" / "round-1" / "tasks.json").read_text())
+    return cfg, run_dir, [t["data"]["task_key"] for t in tasks]
+
+
+@IMPORT_FUZZ
+@given(data=st.data())
+def test_annotate_import_raises_only_pipeline_errors(exported_round, data) -> None:
+    from pipeline.annotate.importer import import_round
+
+    cfg, run_dir, keys = exported_round
+    path = run_dir.parent / "export.json"
+    path.write_bytes(data.draw(ls_export(keys)))
+    try:
+        summary = import_round(cfg, run_dir, 1, export_file=path)
+    except PipelineError as exc:
+        assert str(path) in str(exc) and "\n" not in str(exc)
+        event("refused")
+        return
+    # --hypothesis-show-statistics shows how often votes got through
+    event(f"votes: {summary['votes'] > 0}, skipped: {bool(summary['skipped'])}")
+    # what was imported was written, and every vote is one of the four labels
+    out = run_dir / "annotate" / "round-1"
+    rows = [json.loads(x) for x in (out / "annotations.jsonl").read_text().splitlines()]
+    assert summary["votes"] == sum(r["label"] is not None for r in rows)
+    assert {r["label"] for r in rows} <= {None, "chosen", "rejected", "tie", "both_bad"}
+    json.dumps(json.loads((out / "agreement.json").read_text()), allow_nan=False)

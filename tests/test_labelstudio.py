@@ -410,6 +410,33 @@ def test_agreement_matches_hand_computed_values(tmp_path, ls_server, client, ann
     assert [a["task_key"] for a in adjudication] == [pair_keys[3]]
 
 
+def test_a_choice_added_in_the_ui_is_left_out_and_listed(tmp_path, ls_server, client, annotators):
+    """Someone added "Skip" to the choices in the UI and an annotator used it: that
+    annotation is listed in skipped.jsonl, every other vote is imported."""
+    run_dir, _ = _run(tmp_path, 20)
+    cfg = _config(tmp_path, ls_server, sample_size=4, gold_tasks=0)
+    exp = export_round(cfg, run_dir, 1, client=client)
+    tasks = _tasks_by_key(client, exp["project_id"])
+    sides = _sides(run_dir)
+    k0, k1 = sorted(tasks)[:2]
+    u1, u2 = annotators["ann1"], annotators["ann2"]
+    client.annotations.create(id=tasks[k0].id, result=_result("Skip"), completed_by=u1)
+    client.annotations.create(
+        id=tasks[k0].id, result=_result(_letter("chosen", sides[k0])), completed_by=u2
+    )
+    client.annotations.create(
+        id=tasks[k1].id, result=_result(_letter("tie", sides[k1])), completed_by=u1
+    )
+
+    summary = import_round(cfg, run_dir, 1, client=client)
+    assert summary["votes"] == 2 and summary["skipped_annotations"] == 1
+    (row,) = _read_jsonl(run_dir / "annotate" / "round-1" / "skipped.jsonl")
+    assert row["task_id"] == tasks[k0].id and row["annotator"] == "ann1@prb.test"
+    assert "'Skip' is not one of A, B, tie, both bad" in row["reason"]
+    verdicts = {v["task_key"]: v for v in _read_jsonl(run_dir / "annotate/round-1/verdicts.jsonl")}
+    assert verdicts[k0]["votes"] == {"chosen": 1} and verdicts[k1]["votes"] == {"tie": 1}
+
+
 # ---- failures before anything is sent ------------------------------------------------------
 
 

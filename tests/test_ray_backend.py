@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import types
 from collections import Counter
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import write_config
+from standin_server import StandinServer
 
 from pipeline.backends.factory import make_backend
 from pipeline.backends.ray_backend import RayBackend, init_local_ray, vllm_rows
@@ -513,3 +515,131 @@ def test_runner_caches_ray_answers(tmp_path, server, local_ray):
     assert all(isinstance(o, Answer) and o.cached for o in again) and stats.cached == 10
     assert server.request_count == sent, "cached requests must not reach Ray or the server"
     assert not any(isinstance(o, Failure) for o in first + again)
+
+
+# -- threads: Ray Data's first-use imports, and a Ray that never answers ----------------------
+_IMPORT_PROBE = r"""
+import asyncio, builtins, sys, threading
+sys.path.insert(0, "tests")
+from standin_server import StandinServer
+from pipeline.backends.ray_backend import RayBackend, init_local_ray
+from pipeline.chat import ChatRequest
+from pipeline.config import BackendSection
+
+off_main = set()
+real_import = builtins.__import__
+
+def tracing_import(name, *args, **kw):
+    if threading.current_thread() is threading.main_thread():
+        return real_import(name, *args, **kw)
+    before = set(sys.modules)
+    try:
+        return real_import(name, *args, **kw)
+    finally:
+        off_main.update(set(sys.modules) - before)
+
+with StandinServer() as server:
+    init_local_ray(num_cpus=2)
+    builtins.__import__ = tracing_import
+    cfg = BackendSection(name="ray", base_url=server.base_url,
+                         ray={"num_cpus": 2, "batch_size": 4, "replicas": 2})
+    async def go():
+        backend = RayBackend(cfg)
+        try:
+            reqs = [ChatRequest(messages=(("user", f"q {i}"),), model="standin-model")
+                    for i in range(8)]
+            return [x async for x in backend.run(reqs)]
+        finally:
+            await backend.aclose()
+    answers = asyncio.run(go())
+    builtins.__import__ = real_import
+print("ANSWERS", len(answers))
+print("OFF_MAIN", sorted(m for m in off_main if m.startswith(("ray", "pyarrow"))))
+"""
+
+
+@needs_ray
+def test_a_fresh_process_imports_no_ray_module_off_the_main_thread(tmp_path):
+    """The CI deadlock's precondition: Ray Data's first-use imports (each taking the
+    logging lock inside an import lock) ran in our row thread while other threads logged.
+    In a fresh interpreter (nothing imported yet, as in a clean clone's first Ray test),
+    every module a run needs must already be imported on the main thread."""
+    script = tmp_path / "probe.py"
+    script.write_text(_IMPORT_PROBE)
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(ln.split(" ", 1) for ln in proc.stdout.splitlines() if " " in ln)
+    assert lines["ANSWERS"] == "8"
+    assert lines["OFF_MAIN"] == "[]", f"imported off the main thread: {lines['OFF_MAIN']}"
+
+
+class _StuckRayLLM(_FakeRayLLM):
+    """A processor whose dataset never yields a row: a Ray that hangs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def build_processor(self, config, **kw):
+        def never(ds):
+            def rows():
+                self.release.wait(60)  # the test releases it; a bound in case it does not
+                return iter(())
+
+            return types.SimpleNamespace(iter_rows=rows)
+
+        return never
+
+
+def test_a_stuck_ray_fails_with_one_line_after_result_timeout(monkeypatch):
+    llm = _StuckRayLLM()
+    monkeypatch.setitem(sys.modules, "ray", _fake_ray(llm))
+    monkeypatch.setitem(sys.modules, "ray.data.llm", llm)
+    cfg = BackendSection(
+        name="ray", ray={"address": "auto", "engine": "vllm", "result_timeout_s": 0.5}
+    )
+    backend = RayBackend(cfg)
+
+    async def go():
+        return [item async for item in backend.run([_request(0), _request(1)])]
+
+    start = time.monotonic()
+    try:
+        with pytest.raises(BackendError) as err:
+            asyncio.run(go())
+    finally:
+        llm.release.set()
+    assert time.monotonic() - start < 10
+    msg = str(err.value)
+    assert "no answer came back for 0.5 s" in msg and "backend.ray.result_timeout_s" in msg
+    assert "\n" not in msg
+
+
+@needs_ray
+def test_credentials_in_the_url_and_a_refused_key_through_ray(local_ray, monkeypatch):
+    import base64
+
+    basic = "Basic " + base64.b64encode(b"alice:pw-for-ray").decode()
+    with StandinServer(authorization=basic) as s:
+        url = s.base_url.replace("http://", "http://alice:pw-for-ray@") + "?api-key=k9"
+        cfg = BackendSection(name="ray", base_url=url, ray=RAY_SETTINGS)
+
+        async def go(backend):
+            try:
+                return [x async for x in backend.run([_request(i) for i in range(4)])]
+            finally:
+                await backend.aclose()
+
+        out = asyncio.run(go(RayBackend(cfg)))
+        assert all(isinstance(r, ChatResult) for _, r in out) and s.refused == 0
+        assert [r["query"] for r in s.requests] == [{"api-key": "k9"}] * 4
+    # a key refused on the chat requests (the probe's /models is open): one line, at once
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-accepted-0000000000")
+    with StandinServer() as s:
+        s.inject("401", 100)
+        cfg = BackendSection(name="ray", base_url=s.base_url, ray=RAY_SETTINGS)
+        with pytest.raises(BackendError, match=r"refused the API key in \$OPENAI_API_KEY"):
+            asyncio.run(go(RayBackend(cfg)))

@@ -49,7 +49,8 @@ def _errors_table(run_dir: Path) -> list[str]:
 
 @pytest.mark.parametrize("env_name", ["OPENAI_API_KEY", "PRB_LLM_CREDENTIAL"])
 def test_key_echoed_in_a_401_body(tmp_path, capsys, monkeypatch, env_name):
-    """A server that echoes the key: the errors table, the output and the logs mask it.
+    """A server that refuses the key and echoes it: the run stops at the first refusal
+    with one line naming the variable, and neither it nor any file shows the key.
 
     PRB_LLM_CREDENTIAL does not look like a secret by its name: it is masked because the
     config names it in backend.api_key_env."""
@@ -61,19 +62,40 @@ def test_key_echoed_in_a_401_body(tmp_path, capsys, monkeypatch, env_name):
             tmp_path, server, backend={"api_key_env": env_name, "abort_after_failures": 3}
         )
         rc = main(["run", str(cfg), "--no-progress"])
-        assert any(r["status"] == 401 for r in server.requests)
+        refused = sum(r["status"] == 401 for r in server.requests)
     out = capsys.readouterr()
-    assert rc != 0
+    assert rc == 1
+    # stopped at once, not after abort_after_failures requests (max_concurrency are in flight)
+    assert 1 <= refused <= 8
+    (line,) = [ln for ln in out.err.splitlines() if ln.startswith("error:")]
+    assert f"refused the API key in ${env_name} (HTTP 401" in line
+    assert f"Incorrect API key provided: <${env_name}>" in line  # the echo path was taken
+    assert f"set {env_name} to a key this server accepts" in line
     run_dir = tmp_path / "outputs" / "t"
-    # the echo path was taken: the reason is recorded, with the key masked
-    reasons = _errors_table(run_dir)
-    assert reasons and all("Incorrect API key provided" in r for r in reasons)
-    assert all(f"<${env_name}>" in r for r in reasons)
     found = leaks([KEY], run_dir=run_dir, texts={"stdout": out.out, "stderr": out.err})
     assert found == []
     # and `prb status` on that run shows none either
     assert main(["status", str(run_dir)]) == 0
     assert leaks([KEY], texts={"status": capsys.readouterr().out}) == []
+
+
+def test_key_echoed_in_a_400_body(tmp_path, capsys, monkeypatch):
+    """A per-request failure whose body echoes the key: recorded in the errors table with
+    the key masked."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with StandinServer() as server:
+        body = f"Bad request for key {KEY}."
+        server.inject("400", 10_000, message=body)
+        cfg = write_config(tmp_path, server, backend={"abort_after_failures": 3})
+        rc = main(["run", str(cfg), "--no-progress"])
+        assert any(r["status"] == 400 for r in server.requests)
+    out = capsys.readouterr()
+    assert rc != 0
+    run_dir = tmp_path / "outputs" / "t"
+    reasons = _errors_table(run_dir)
+    assert reasons and all("Bad request for key <$OPENAI_API_KEY>" in r for r in reasons)
+    found = leaks([KEY], run_dir=run_dir, texts={"stdout": out.out, "stderr": out.err})
+    assert found == []
 
 
 def test_password_in_base_url(tmp_path, capsys, monkeypatch):
@@ -192,3 +214,66 @@ def test_load_config_registers_named_variables(tmp_path, monkeypatch):
     p.write_text(yaml.safe_dump({"annotation": {"token_env": "PRB_ANNOTATION_CRED"}}))
     load_config(p)
     assert redact("token ls-credential-abcdef") == "token <$PRB_ANNOTATION_CRED>"
+
+
+# ---- credentials in the query string, and the --debug traceback ----------------------------
+
+QUERY_KEY = "query-key-0123456789abcdef"
+
+
+@pytest.mark.parametrize("param", ["api-key", "key", "token", "access_token", "sig", "apiKey"])
+def test_key_in_the_query_string(tmp_path, capsys, param):
+    """Never in run.yaml, `prb config show` or any output; still sent to the server."""
+    with StandinServer() as server:
+        url = f"{server.base_url}?{param}={QUERY_KEY}&api-version=2024"
+        cfg = write_config(tmp_path, server, backend={"base_url": url})
+        assert main(["config", "show", str(cfg)]) == 0
+        shown = capsys.readouterr()
+        masked = f"{server.base_url}?{param}=***&api-version=2024"
+        assert yaml.safe_load(shown.out)["backend"]["base_url"] == masked
+        assert main(["run", str(cfg), "--no-progress", "--until", "responses"]) == 0
+        sent = [r["query"] for r in server.requests]
+    out = capsys.readouterr()
+    run_dir = tmp_path / "outputs" / "t"
+    assert yaml.safe_load((run_dir / "run.yaml").read_text())["backend"]["base_url"] == masked
+    texts = {"show": shown.out + shown.err, "stdout": out.out, "stderr": out.err}
+    assert leaks([QUERY_KEY], run_dir=run_dir, texts=texts) == []
+    # the key went with every request
+    assert sent and all(q == {param: QUERY_KEY, "api-version": "2024"} for q in sent)
+
+
+def test_key_in_the_query_string_of_an_unreachable_server(tmp_path, capsys):
+    url = f"http://127.0.0.1:9/v1?api-key={QUERY_KEY}"
+    cfg = write_config(tmp_path, backend={"base_url": url})
+    for argv in (["run", str(cfg), "--no-progress"], ["--debug", "run", str(cfg), "--no-progress"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "cannot reach" in err and "http://127.0.0.1:9/v1?api-key=***" in err
+        assert QUERY_KEY not in err
+
+
+def test_debug_traceback_is_redacted(tmp_path, capsys, monkeypatch):
+    """--debug prints the traceback through the same redaction as the error line: a key
+    from the environment, a URL password and a query-string key in an exception's text."""
+    import pipeline.cli as cli
+    from pipeline.errors import BackendError
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+
+    def leaky(args):
+        url = f"http://bob:{URL_PASSWORD}@h/v1?token={QUERY_KEY}"
+        raise BackendError(f"server at {url} said: Incorrect API key provided: {KEY}")
+
+    monkeypatch.setattr(cli, "cmd_config", leaky)
+    assert main(["--debug", "config", "fields"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "BackendError" in err and "leaky" in err
+    assert err.strip().splitlines()[-1].startswith("error:")
+    assert leaks([KEY, URL_PASSWORD, QUERY_KEY], texts={"stderr": err}) == []
+    assert "http://***@h/v1?token=***" in err and "<$OPENAI_API_KEY>" in err
+
+
+def test_redact_masks_query_credentials():
+    text = "GET https://h/v1/chat?x=1&api-key=abc123def&sig=a%2Fb&monkey=1 failed"
+    assert redact(text) == "GET https://h/v1/chat?x=1&api-key=***&sig=***&monkey=*** failed"
+    assert redact("?page=2&limit=10") == "?page=2&limit=10"

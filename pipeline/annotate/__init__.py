@@ -25,6 +25,26 @@ class LabelStudioError(PipelineError):
     """Label Studio cannot be used: server down, bad token, missing project or server venv."""
 
 
+# Rounds are numbered from 1; a run has a handful. The cap only keeps a typo (an extra
+# digit or two) from naming a folder and a project nobody meant.
+MAX_ROUND = 10_000
+
+
+def round_number(text: str) -> int:
+    """``--round`` as typed: a whole number from 1 to MAX_ROUND (argparse's ``type``)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a round number (1, 2, ...), got {text!r}"
+        ) from None
+    if not 1 <= n <= MAX_ROUND:
+        raise argparse.ArgumentTypeError(
+            f"round numbers run from 1 to {MAX_ROUND}, got {n}; the first round is --round 1"
+        )
+    return n
+
+
 # ---- `prb annotate ...` (registered by pipeline/cli.py) -------------------------------------
 
 
@@ -47,7 +67,9 @@ def add_annotate_parser(sub: argparse._SubParsersAction) -> None:
         "export", help="send a round's tasks to Label Studio (again: adds only what is missing)"
     )
     e.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
-    e.add_argument("--round", dest="round_no", type=int, required=True, help="round number (1..)")
+    e.add_argument(
+        "--round", dest="round_no", type=round_number, required=True, help="round number (1..)"
+    )
     e.add_argument(
         "--file-only", action="store_true", help="only write tasks.json; contact no server"
     )
@@ -55,7 +77,17 @@ def add_annotate_parser(sub: argparse._SubParsersAction) -> None:
 
     i = asub.add_parser("import", help="pull a round's annotations: verdicts and agreement")
     i.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
-    i.add_argument("--round", dest="round_no", type=int, required=True, help="round number (1..)")
+    i.add_argument(
+        "--round", dest="round_no", type=round_number, required=True, help="round number (1..)"
+    )
+    i.add_argument(
+        "--from-file",
+        dest="from_file",
+        type=Path,
+        metavar="EXPORT.json",
+        help="read a JSON export downloaded from Label Studio (Export > JSON) instead of "
+        "asking the server; needs no server or token",
+    )
     _add_set(i, "annotation.min_votes=3")
 
 
@@ -79,7 +111,10 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     """Handler for ``prb annotate ...``; returns the exit code."""
     action = getattr(args, "annotate_command", None)
     if action not in ("serve", "export", "import"):
-        print("usage: prb annotate {serve [CONFIG] | export RUN --round N | import RUN --round N}")
+        print(
+            "usage: prb annotate {serve [CONFIG] | export RUN --round N | "
+            "import RUN --round N [--from-file EXPORT.json]}"
+        )
         return 2
     if action == "serve":
         from pipeline.annotate.server import serve
@@ -105,9 +140,9 @@ def cmd_annotate(args: argparse.Namespace) -> int:
                 f"already there {s['already_there']}"
             )
         return 0
-    from pipeline.annotate.importer import import_round
+    from pipeline.annotate.importer import SHOW_SKIPPED, import_round
 
-    s = import_round(cfg, run_dir, args.round_no)
+    s = import_round(cfg, run_dir, args.round_no, export_file=args.from_file)
     alpha = s["krippendorff_alpha"]
     print(
         f"round {s['round']}: {s['tasks']} tasks, {s['annotated_tasks']} annotated, "
@@ -117,4 +152,23 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         f"{s['adjudication']} to adjudicate; alpha "
         + (f"{alpha:.3f}" if alpha is not None else "n/a")
     )
+    left_out = s["skipped"]
+    if left_out:
+        listing = Path(s["files"]) / "skipped.jsonl"
+        parts = [
+            f"{n} {what}{'s' if n != 1 else ''}"
+            for n, what in ((s["skipped_tasks"], "task"), (s["skipped_annotations"], "annotation"))
+            if n
+        ]
+        print(
+            f"left out {' and '.join(parts)} that do not fit Label Studio's export format "
+            f"(all listed in {listing}); fix them in Label Studio and import again:"
+        )
+        for row in left_out[:SHOW_SKIPPED]:
+            what = f"task {row['task_id']}"
+            if row["kind"] == "annotation":
+                what += f", annotation {row['annotation_id']}"
+            print(f"  {what}: {row['reason']}")
+        if len(left_out) > SHOW_SKIPPED:
+            print(f"  ... and {len(left_out) - SHOW_SKIPPED} more in {listing}")
     return 0

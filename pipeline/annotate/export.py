@@ -48,10 +48,10 @@ def server_url(config: Config) -> str:
 
 
 def client_url(client: Any) -> str:
-    """The server's URL as shown and recorded: without any user:password@."""
-    from pipeline.redact import strip_userinfo
+    """The server's URL as shown and recorded: without any user:password@ or query key."""
+    from pipeline.redact import public_url
 
-    return strip_userinfo(str(client._client_wrapper.get_base_url()).rstrip("/"))
+    return public_url(str(client._client_wrapper.get_base_url()).rstrip("/"))
 
 
 def check_connection(client: Any, url: str, token_env: str | None = None) -> dict[str, Any]:
@@ -63,9 +63,9 @@ def check_connection(client: Any, url: str, token_env: str | None = None) -> dic
     import httpx
     from label_studio_sdk.core.api_error import ApiError
 
-    from pipeline.redact import strip_userinfo
+    from pipeline.redact import public_url
 
-    url = strip_userinfo(url)  # only shown in messages from here on
+    url = public_url(url)  # only shown in messages from here on
     where = f"${token_env}" if token_env else "the API token"
     try:
         me = client.users.whoami()

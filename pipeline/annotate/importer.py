@@ -1,10 +1,17 @@
 """Pull a round's annotations back (``prb annotate import RUN --round N``).
 
 Every task of the round's project is downloaded with all its annotations (one full JSON
-export, unannotated tasks included). Each annotation's A/B choice is mapped back to the
-pair's sides with the task's recorded ``a_side``. Per task and annotator only the latest
-annotation counts (an annotator who edits or resubmits changes their vote); a skipped
-(cancelled) or empty annotation is kept on disk but is not a vote.
+export, unannotated tasks included), or read from such an export downloaded by hand
+(``--from-file``). Each annotation's A/B choice is mapped back to the pair's sides with the
+task's recorded ``a_side``. Per task and annotator only the latest annotation counts (an
+annotator who edits or resubmits changes their vote); a skipped (cancelled) or empty
+annotation is kept on disk but is not a vote.
+
+The export is checked against a schema task by task and annotation by annotation
+(:class:`ExportTask`, :class:`ExportAnnotation`): a task or annotation that does not fit
+(a choice someone added in the Label Studio UI, a rating that is text, a task id that is
+not a number...) is left out and listed with its id and the reason, and the rest of the
+round is imported. Only a body that is not a JSON list of tasks stops the import.
 
 Files under ``<run>/annotate/round-N/``:
 
@@ -14,22 +21,28 @@ Files under ``<run>/annotate/round-N/``:
   ("verified": majority chosen with at least ``annotation.min_votes`` votes; "refuted":
   majority rejected or both_bad with at least that many; else "unresolved"), flag counts.
 - ``adjudication.jsonl``: pairs with no clear majority or with any flag, for a second look.
-- ``agreement.json``: alpha, kappa, raw agreement, human vs judge, gold accuracy, counts.
+- ``skipped.jsonl``: each task or annotation left out of the import, with its id and why.
+- ``agreement.json``: alpha, kappa, raw agreement, human vs judge, gold accuracy, counts
+  (``counts.skipped_tasks`` and ``counts.skipped_annotations`` among them).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.annotate import LabelStudioError
 from pipeline.annotate.agreement import Annotation, gold_accuracy, majority, summarize
 from pipeline.annotate.export import check_connection, client_url, connect, find_project
 from pipeline.annotate.tasks import (
     CHOICE_CONTROL,
+    CHOICES,
     COMMENT_CONTROL,
     CONFIDENCE_CONTROL,
     FLAGS,
@@ -37,90 +50,263 @@ from pipeline.annotate.tasks import (
     map_choice,
     project_title,
 )
-from pipeline.config import Config
+from pipeline.config import Config, path_kind
 from pipeline.io import read_json, write_json_atomic, write_jsonl_atomic
 from pipeline.rules.verdicts import direction, prefers
 from pipeline.run import Round, RunDir
 
 FLAG_NAMES = tuple(FLAGS.values())
+# annotation/labeling_config.xml: <Rating name="confidence" maxRating="5">
+MAX_RATING = 5
+# skipped tasks and annotations printed by the command; all of them are in skipped.jsonl
+SHOW_SKIPPED = 20
+
+
+# ---- the export's schema -------------------------------------------------------------------
+
+
+class _ExportModel(BaseModel):
+    # strict: "7" is not a task id and 1 is not a boolean; Label Studio writes neither.
+    # Fields this module does not read may be anything (extra="allow").
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class ExportTaskData(_ExportModel):
+    """A task's ``data`` as ``prb annotate export`` sent it (see tasks.public_task)."""
+
+    task_key: str
+    pair_id: str | None = None
+    gold: bool | None = None
+    a_side: str | None = None  # only in tasks of rounds exported before sides.json
+
+
+class ExportUser(_ExportModel):
+    """``completed_by`` as some exports write it: the user expanded."""
+
+    id: int | None = None
+    email: str | None = None
+
+
+class ExportAnnotation(_ExportModel):
+    """Who annotated and when: enough to tell which annotation is an annotator's latest.
+    The result (what they chose) is checked separately, by :func:`parse_result`."""
+
+    id: int | None = None
+    completed_by: int | ExportUser | None = None
+    was_cancelled: bool | None = False
+    created_at: str | None = None
+    updated_at: str | None = None
+    result: list[dict[str, Any]] | None = None
+
+
+class ExportTask(_ExportModel):
+    """One task of a Label Studio JSON export; each annotation is checked on its own."""
+
+    id: int
+    data: dict[str, Any]
+    annotations: list[Any] | None = None
+
+
+class _ChoiceValue(_ExportModel):
+    choices: list[str]
+
+
+class _RatingValue(_ExportModel):
+    rating: int
+
+
+class _TextValue(_ExportModel):
+    text: str | list[str]
+
+
+class SkippedError(Exception):
+    """A task or an annotation that does not fit the export's schema; says why."""
+
+
+def _why(err: ValidationError, what: str) -> str:
+    """The first problem of a validation error as one short clause."""
+    e = err.errors()[0]
+    # a union adds the member tried to the location ("completed_by.int"): not a field name
+    parts = [str(p) for p in e["loc"] if not _TYPE_TAG.fullmatch(str(p))]
+    field = ".".join([what, *parts])
+    if e["type"] == "missing":
+        return f"{field}: missing"
+    got = type(e["input"]).__name__
+    got = {"str": "text", "dict": "an object", "list": "a list", "NoneType": "null"}.get(got, got)
+    return f"{field}: {e['msg'].removeprefix('Value error, ')} (got {got})"
+
+
+_TYPE_TAG = re.compile(r"int|str|bool|float|[A-Z]\w*|\w+\[.*\]")
 
 
 # ---- reading Label Studio's export ---------------------------------------------------------
 
 
-def download_tasks(client: Any, project_id: int) -> list[dict[str, Any]]:
-    """Every task of the project with all its annotations, cancelled ones included."""
+def download_export(client: Any, project_id: int) -> bytes:
+    """The project's full JSON export: every task with all its annotations, cancelled
+    ones included."""
     chunks = client.projects.exports.download_sync(
         project_id, export_type="JSON", download_all_tasks=True
     )
-    raw = chunks if isinstance(chunks, bytes) else b"".join(chunks)
-    return json.loads(raw)
+    return chunks if isinstance(chunks, bytes) else b"".join(chunks)
+
+
+def read_export_file(path: str | Path) -> bytes:
+    """An export downloaded by hand; only a regular file is opened (a pipe would hang)."""
+    path = Path(path)
+    kind = path_kind(path)
+    if kind is None:
+        raise LabelStudioError(
+            f"{path}: no such file; download the project's export from Label Studio "
+            "(Export > JSON) and pass its path"
+        )
+    if kind != "a file":
+        raise LabelStudioError(f"{path}: is {kind}, not a file; pass the downloaded JSON export")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise LabelStudioError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def parse_export(raw: bytes | str, source: str) -> list[Any]:
+    """The list of tasks in a JSON export body; anything else is a one-line error naming
+    ``source`` (the file or the project and server it came from). The tasks themselves are
+    checked later, one by one."""
+    redo = "export the project again as JSON (Export > JSON, not JSON_MIN or CSV)"
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise LabelStudioError(
+            f"{source}: the export is not valid JSON ({exc.msg} at line {exc.lineno} column "
+            f"{exc.colno}; cut short?); {redo}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise LabelStudioError(
+            f"{source}: the export is not UTF-8 text ({exc.reason} at byte {exc.start}); {redo}"
+        ) from None
+    except RecursionError:
+        raise LabelStudioError(
+            f"{source}: the export is nested too deeply to read; {redo}"
+        ) from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise LabelStudioError(f"{source}: the export cannot be read ({exc}); {redo}") from None
+    if not isinstance(body, list):
+        kind = {dict: "a JSON object"}.get(type(body), f"a JSON {type(body).__name__}")
+        raise LabelStudioError(
+            f"{source}: the export holds {kind}, not the list of tasks a JSON export is; {redo}"
+        )
+    return body
 
 
 def parse_result(result: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """choice, flags, confidence and comment from an annotation's result list."""
+    """choice, flags, confidence and comment from an annotation's result list; raises
+    SkippedError on a value the labeling config cannot have produced."""
     out: dict[str, Any] = {"choice": None, "flags": [], "confidence": None, "comment": None}
-    for r in result or []:
-        name, value = r.get("from_name"), r.get("value") or {}
-        if name == CHOICE_CONTROL:
-            picked = value.get("choices") or []
-            out["choice"] = picked[0] if picked else None
-        elif name == FLAGS_CONTROL:
-            out["flags"] = sorted(FLAGS.get(c, c) for c in value.get("choices") or [])
-        elif name == CONFIDENCE_CONTROL:
-            out["confidence"] = value.get("rating")
-        elif name == COMMENT_CONTROL:
-            text = value.get("text") or []
-            text = text if isinstance(text, list) else [text]
-            out["comment"] = "\n".join(str(t) for t in text) or None
+    for i, r in enumerate(result or []):
+        name, value = r.get("from_name"), r.get("value")
+        if name not in (CHOICE_CONTROL, FLAGS_CONTROL, CONFIDENCE_CONTROL, COMMENT_CONTROL):
+            continue  # a control added in the UI: not ours to read
+        if not isinstance(value, dict):
+            raise SkippedError(
+                f"result[{i}] ({name}): value must be an object, got {type(value).__name__}"
+            )
+        try:
+            if name == CHOICE_CONTROL:
+                picked = _ChoiceValue.model_validate(value).choices
+                out["choice"] = picked[0] if picked else None
+                if out["choice"] is not None:
+                    try:
+                        map_choice(out["choice"], "chosen")  # the one rule for known choices
+                    except ValueError:
+                        raise SkippedError(
+                            f"result[{i}] (choice): {out['choice']!r} is not one of "
+                            f"{', '.join(CHOICES)} (a choice added in the Label Studio UI?)"
+                        ) from None
+            elif name == FLAGS_CONTROL:
+                picked = _ChoiceValue.model_validate(value).choices
+                out["flags"] = sorted(FLAGS.get(c, c) for c in picked)
+            elif name == CONFIDENCE_CONTROL:
+                rating = _RatingValue.model_validate(value).rating
+                if not 1 <= rating <= MAX_RATING:
+                    raise SkippedError(
+                        f"result[{i}] (confidence): rating {rating} is outside 1..{MAX_RATING}"
+                    )
+                out["confidence"] = rating
+            else:
+                text = _TextValue.model_validate(value).text
+                text = text if isinstance(text, list) else [text]
+                out["comment"] = "\n".join(text) or None
+        except ValidationError as err:
+            raise SkippedError(_why(err, f"result[{i}] ({name}).value")) from None
     return out
 
 
-def _annotator(completed_by: Any, users: dict[int, str]) -> tuple[int | None, str]:
-    if isinstance(completed_by, dict):  # some exports expand the user
-        uid = completed_by.get("id")
-        known = users.get(uid) if isinstance(uid, int) else None
-        return uid, completed_by.get("email") or known or f"user-{uid}"
-    return completed_by, users.get(completed_by) or f"user-{completed_by}"
+def _annotator(
+    completed_by: int | ExportUser | None, users: dict[int, str]
+) -> tuple[int | None, str]:
+    if isinstance(completed_by, ExportUser):  # some exports expand the user
+        uid = completed_by.id
+        known = users.get(uid) if uid is not None else None
+        return uid, completed_by.email or known or f"user-{uid}"
+    known = users.get(completed_by) if completed_by is not None else None
+    return completed_by, known or f"user-{completed_by}"
 
 
-def latest_per_annotator(annotations: list[dict], users: dict[int, str]) -> tuple[list, int]:
+def latest_per_annotator(
+    annotations: list[ExportAnnotation], users: dict[int, str]
+) -> tuple[list[ExportAnnotation], int]:
     """Each annotator's newest annotation on a task; returns (kept, superseded count)."""
-    by_user: dict[str, dict] = {}
-    for a in sorted(annotations, key=lambda a: (a.get("updated_at") or "", a.get("id") or 0)):
-        _, who = _annotator(a.get("completed_by"), users)
+    by_user: dict[str, ExportAnnotation] = {}
+    for a in sorted(annotations, key=lambda a: (a.updated_at or "", a.id or 0)):
+        _, who = _annotator(a.completed_by, users)
         by_user[who] = a  # sorted oldest first: the last one assigned is the newest
     return list(by_user.values()), len(annotations) - len(by_user)
 
 
 def vote_rows(
-    task: dict[str, Any], users: dict[int, str], local_side: dict[str, str]
+    task: ExportTask,
+    data: ExportTaskData,
+    users: dict[int, str],
+    local_side: dict[str, str],
+    skipped: list[dict[str, Any]],
 ) -> tuple[list[dict], int]:
-    """One row per annotator of ``task`` (their latest annotation), A/B mapped back."""
-    data = task.get("data") or {}
-    key = data["task_key"]
-    side = local_side.get(key) or data.get("a_side")
-    kept, superseded = latest_per_annotator(task.get("annotations") or [], users)
+    """One row per annotator of ``task`` (their latest annotation), A/B mapped back.
+    Annotations that do not fit the schema go to ``skipped`` instead."""
+    key = data.task_key
+    side = local_side.get(key) or data.a_side
+    valid: list[ExportAnnotation] = []
+    for j, raw in enumerate(task.annotations or []):
+        try:
+            valid.append(ExportAnnotation.model_validate(raw))
+        except ValidationError as err:
+            ann_id = raw.get("id") if isinstance(raw, dict) else None
+            skipped.append(_skip(task.id, key, _why(err, f"annotations[{j}]"), ann_id, position=j))
+    kept, superseded = latest_per_annotator(valid, users)
     if kept and side not in ("chosen", "rejected"):
-        raise LabelStudioError(
-            f"task {task.get('id')} ({key}) has no recorded A side (sides.json lacks it): "
-            "cannot map A/B back to chosen/rejected"
+        raise SkippedError(
+            f"no recorded A side for task_key {key!r} (sides.json lacks it): cannot map A/B "
+            "back to chosen/rejected"
         )
     rows = []
     for a in kept:
-        uid, email = _annotator(a.get("completed_by"), users)
-        parsed = parse_result(a.get("result"))
-        cancelled = bool(a.get("was_cancelled"))
+        uid, email = _annotator(a.completed_by, users)
+        try:
+            parsed = parse_result(a.result)
+        except SkippedError as exc:
+            # the annotator's latest answer is unreadable: they have no vote on this task
+            skipped.append(_skip(task.id, key, str(exc), a.id, annotator=email))
+            continue
+        cancelled = bool(a.was_cancelled)
         label = None
         if not cancelled and parsed["choice"] is not None:
             label = map_choice(parsed["choice"], str(side))
         rows.append(
             {
                 "task_key": key,
-                "pair_id": data.get("pair_id"),
-                "gold": bool(data.get("gold")),
-                "task_id": task.get("id"),
-                "annotation_id": a.get("id"),
+                "pair_id": data.pair_id,
+                "gold": bool(data.gold),
+                "task_id": task.id,
+                "annotation_id": a.id,
                 "annotator_id": uid,
                 "annotator": email,
                 "choice": parsed["choice"],
@@ -130,11 +316,33 @@ def vote_rows(
                 "confidence": parsed["confidence"],
                 "comment": parsed["comment"],
                 "was_cancelled": cancelled,
-                "created_at": a.get("created_at"),
-                "updated_at": a.get("updated_at"),
+                "created_at": a.created_at,
+                "updated_at": a.updated_at,
             }
         )
     return rows, superseded
+
+
+def _plain(v: Any) -> Any:
+    """An id as stored in skipped.jsonl: a number or text as is, anything else shown."""
+    if v is None or (isinstance(v, (int, str)) and not isinstance(v, bool)):
+        return v
+    return repr(v)[:80]
+
+
+def _skip(
+    task_id: Any, task_key: str | None, reason: str, annotation_id: Any = None, **extra: Any
+) -> dict[str, Any]:
+    """A row of skipped.jsonl: an annotation when it has an id or an annotator, else a task."""
+    kind = "annotation" if annotation_id is not None or extra else "task"
+    return {
+        "kind": kind,
+        "task_id": _plain(task_id),
+        "annotation_id": _plain(annotation_id),
+        "task_key": task_key,
+        "reason": reason,
+        **extra,
+    }
 
 
 # ---- verdicts ------------------------------------------------------------------------------
@@ -196,20 +404,91 @@ def _project_id(client: Any, run_dir: Path, round_no: int) -> int:
     return int(project.id)
 
 
+def _check_tasks(
+    raw_tasks: list[Any], skipped: list[dict[str, Any]]
+) -> list[tuple[ExportTask, ExportTaskData | None]]:
+    """The tasks that fit the schema, by id, each with its data (None: not one of ours);
+    the others go to ``skipped`` with their position in the export."""
+    good: list[tuple[ExportTask, ExportTaskData | None]] = []
+    for n, raw in enumerate(raw_tasks):
+        raw_id = raw.get("id") if isinstance(raw, dict) else None
+        try:
+            if not isinstance(raw, dict):
+                raise SkippedError(f"must be an object, got {type(raw).__name__}")
+            try:
+                task = ExportTask.model_validate(raw)
+            except ValidationError as err:
+                raise SkippedError(_why(err, "task")) from None
+            if "task_key" not in task.data:
+                good.append((task, None))  # added by hand in the UI; not ours to judge
+                continue
+            try:
+                data = ExportTaskData.model_validate(task.data)
+            except ValidationError as err:
+                raise SkippedError(_why(err, "data")) from None
+        except SkippedError as exc:
+            raw_data = raw.get("data") if isinstance(raw, dict) else None
+            key = raw_data.get("task_key") if isinstance(raw_data, dict) else None
+            key = key if isinstance(key, str) else None
+            skipped.append(_skip(raw_id, key, str(exc)) | {"position": n})
+            continue
+        good.append((task, data))
+    return sorted(good, key=lambda td: td[0].id)
+
+
+def _check_exported(run_dir: Path, round_no: int) -> None:
+    """Without the round's answer key (sides.json) no A/B choice can be mapped back."""
+    rnd = RunDir(run_dir).round(round_no)
+    if not rnd.sides.exists() and not rnd.tasks.exists():
+        raise LabelStudioError(
+            f"round {round_no} of {run_dir} was never exported from here ({rnd.sides} "
+            f"is missing); run `prb annotate export {run_dir} --round {round_no}` first"
+        )
+
+
 def import_round(
-    config: Config, run_dir: str | Path, round_no: int, *, client: Any | None = None
+    config: Config,
+    run_dir: str | Path,
+    round_no: int,
+    *,
+    client: Any | None = None,
+    export_file: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Download the round's annotations, write votes, verdicts, adjudication and agreement."""
+    """Download the round's annotations (or read ``export_file``, a JSON export saved
+    from Label Studio), write votes, verdicts, adjudication, skipped and agreement."""
     run_dir = Path(run_dir)
+    if export_file is not None:
+        _check_exported(run_dir, round_no)
+        raw = read_export_file(export_file)
+        tasks = parse_export(raw, str(export_file))
+        origin: dict[str, Any] = {"project_id": None, "url": None, "file": str(export_file)}
+        users: dict[int, str] = {}
+    else:
+        if client is None:
+            client = connect(config)
+        else:
+            check_connection(client, client_url(client), config.annotation.token_env)
+        project_id = _project_id(client, run_dir, round_no)
+        _check_exported(run_dir, round_no)
+        users = {u.id: u.email for u in client.users.list()}
+        source = f"the export of project {project_id} at {client_url(client)}"
+        tasks = parse_export(download_export(client, project_id), source)
+        origin = {"project_id": project_id, "url": client_url(client), "file": None}
+    return summarize_round(config, run_dir, round_no, tasks, users, origin)
+
+
+def summarize_round(
+    config: Config,
+    run_dir: Path,
+    round_no: int,
+    tasks: list[Any],
+    users: dict[int, str],
+    origin: dict[str, Any],
+) -> dict[str, Any]:
+    """Votes, verdicts, adjudication and agreement of a round from its exported tasks
+    (as :func:`parse_export` returns them); writes the round's files."""
     rd = RunDir(run_dir)
     rnd = rd.round(round_no)
-    if client is None:
-        client = connect(config)
-    else:
-        check_connection(client, client_url(client), config.annotation.token_env)
-    project_id = _project_id(client, run_dir, round_no)
-    users = {u.id: u.email for u in client.users.list()}
-    tasks = download_tasks(client, project_id)
     local_side = _local_sides(rnd)
     pairs = {p["pair_id"]: p for p in rd.pair_records()}
     min_votes = config.annotation.min_votes
@@ -217,6 +496,7 @@ def import_round(
     rows: list[dict] = []
     verdict_rows: list[dict] = []
     adjudicate: list[dict] = []
+    skipped: list[dict[str, Any]] = []
     pair_votes: list[Annotation] = []
     gold_votes: list[Annotation] = []
     gold_map: dict[str, str] = {}
@@ -224,17 +504,20 @@ def import_round(
     counts: Counter = Counter()
     keys_seen: Counter = Counter()
 
-    for task in sorted(tasks, key=lambda t: t.get("id") or 0):
-        data = task.get("data") or {}
-        if "task_key" not in data:
-            counts["foreign_tasks"] += 1  # added by hand in the UI; not ours to judge
+    for task, data in _check_tasks(tasks, skipped):
+        if data is None:
+            counts["foreign_tasks"] += 1
             continue
-        key = data["task_key"]
+        key = data.task_key
+        try:
+            task_rows, superseded = vote_rows(task, data, users, local_side, skipped)
+        except SkippedError as exc:
+            skipped.append(_skip(task.id, key, str(exc)))
+            continue
         keys_seen[key] += 1
-        gold = bool(data.get("gold"))
-        task_rows, superseded = vote_rows(task, users, local_side)
+        gold = bool(data.gold)
         counts["superseded"] += superseded
-        counts["annotations_total"] += len(task.get("annotations") or [])
+        counts["annotations_total"] += len(task.annotations or [])
         rows.extend(task_rows)
         votes = [r for r in task_rows if r["label"] is not None]
         counts["cancelled"] += sum(r["was_cancelled"] for r in task_rows)
@@ -247,8 +530,8 @@ def import_round(
             gold_map[key] = "chosen"  # the on-topic answer always plays the chosen side
             continue
         counts["pair_tasks"] += 1
-        pair_id = data.get("pair_id")
-        direction = judge_direction(pairs.get(pair_id))
+        pair_id = data.pair_id
+        direction = judge_direction(pairs.get(pair_id)) if pair_id is not None else None
         if direction is not None:
             judge_map[key] = direction
         labels = [r["label"] for r in votes]
@@ -258,7 +541,7 @@ def import_round(
         row = {
             "pair_id": pair_id,
             "task_key": key,
-            "task_id": task.get("id"),
+            "task_id": task.id,
             "n_votes": len(labels),
             "votes": dict(Counter(labels)),
             **v,
@@ -286,8 +569,9 @@ def import_round(
 
     summary = {
         "round": round_no,
-        "project_id": project_id,
-        "url": client_url(client),
+        "project_id": origin["project_id"],
+        "url": origin["url"],
+        "export_file": origin["file"],
         "tasks": sum(keys_seen.values()),
         "pair_tasks": counts["pair_tasks"],
         "gold_tasks": counts["gold_tasks"],
@@ -301,6 +585,8 @@ def import_round(
         "cancelled": counts["cancelled"],
         "empty": counts["empty"],
         "superseded": counts["superseded"],
+        "skipped_tasks": sum(1 for s in skipped if s["kind"] == "task"),
+        "skipped_annotations": sum(1 for s in skipped if s["kind"] == "annotation"),
         "annotators": len({r["annotator"] for r in rows}),
         "verified": counts["verified"],
         "refuted": counts["refuted"],
@@ -317,5 +603,6 @@ def import_round(
     write_jsonl_atomic(rnd.annotations, rows)
     write_jsonl_atomic(rnd.verdicts, verdict_rows)
     write_jsonl_atomic(rnd.adjudication, adjudicate)
+    write_jsonl_atomic(rnd.skipped, skipped)
     write_json_atomic(rnd.agreement, agreement)
-    return summary
+    return summary | {"skipped": skipped, "files": str(rnd.path)}

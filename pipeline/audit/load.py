@@ -219,6 +219,11 @@ def load_pairs(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         raise InputError("no such file or folder", path=path)
+    from pipeline.config import path_kind  # here: pipeline.config imports the audit's rules
+
+    kind = path_kind(path)
+    if kind not in ("a file", "a folder"):  # a named pipe would be read forever
+        raise InputError(f"is {kind}, not a pairs file or folder", path=path)
     where = Where()
 
     def described(rows: list[dict[str, Any]], p: Path, fmt: str, **extra: Any):

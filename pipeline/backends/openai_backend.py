@@ -6,17 +6,28 @@ timeouts, dropped connections, unreadable bodies) are retried with tenacity: exp
 backoff with full jitter, Retry-After honoured on 429, a cap on attempts. Other 4xx
 errors are the request's fault and are never retried. The client's own retries are
 off, so attempts do not multiply.
+
+A server that refuses the credentials (401, or 403 before any request succeeded) stops the
+stage at once with a line naming the variable that holds the key, instead of failing every
+request until the run decides the server is down. Credentials written into
+``backend.base_url`` work on both transports: ``user:password@`` is sent as HTTP Basic
+auth (for a proxy in front of the server; it replaces the API key, as httpx itself would
+do) and the query string (``?api-key=...``) goes with every request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import json
 import os
 import re
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import openai
 from tenacity import (
@@ -41,6 +52,71 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def _valid_unicode(text: Any) -> Any:
     return _SURROGATE.sub("\ufffd", text) if isinstance(text, str) else text
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to send requests, from ``backend.base_url`` and the API key."""
+
+    base: str  # without user:password@ and without the query string
+    query: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # Authorization, when any
+    sends: str = "nothing"  # "basic" (URL credentials), "key" ($api_key_env) or "nothing"
+
+    def url(self, path: str) -> str:
+        """``base`` + ``path``, with the query string."""
+        url = self.base.rstrip("/") + path
+        return f"{url}?{urlencode(self.query)}" if self.query else url
+
+
+def endpoint(cfg: Any) -> Endpoint:
+    """Split ``cfg.base_url`` into the address and the credentials written into it.
+
+    The openai client neither accepts ``user:password@`` on aiohttp ("Cannot combine
+    AUTHORIZATION header with AUTH argument") nor keeps a query string in its base URL
+    (it appends the path after it), so both are taken out here and sent explicitly.
+    """
+    parts = urlsplit(cfg.base_url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    base = urlunsplit(parts._replace(netloc=netloc, query="", fragment=""))
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        basic = "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+        return Endpoint(base, query, {"Authorization": basic}, "basic")
+    key = os.environ.get(cfg.api_key_env)
+    if key:
+        return Endpoint(base, query, {"Authorization": f"Bearer {key}"}, "key")
+    return Endpoint(base, query)
+
+
+def auth_error(cfg: Any, status: int, detail: str = "") -> BackendError:
+    """The one line for a server that refused our credentials: which ones, and what to do."""
+    from pipeline.redact import public_url, redact, strip_userinfo
+
+    ep = endpoint(cfg)
+    where = public_url(cfg.base_url)
+    verb = "refused" if status == 401 else "denied access to"
+    said = f": {redact(' '.join(detail.split()))[:200]}" if detail else ""
+    env = cfg.api_key_env
+    # a credential in the query string is masked by public_url
+    has_query_key = where != strip_userinfo(cfg.base_url)
+    in_query = " (and the key in its query string)" if has_query_key else ""
+    if ep.sends == "basic":
+        what = f"the user name and password in backend.base_url{in_query}"
+        todo = "fix them in backend.base_url"
+    elif ep.sends == "key":
+        what = f"the API key in ${env}{in_query}"
+        todo = f"set {env} to a key this server accepts (backend.api_key_env names the variable)"
+    elif has_query_key:
+        what = "the key in backend.base_url's query string"
+        todo = f"fix that key, or put a valid one in ${env} (backend.api_key_env)"
+    else:
+        what = f"the request without an API key (${env} is not set)"
+        todo = f"export {env}=<your key>, or set backend.api_key_env to the variable that holds it"
+    if status == 403:
+        todo += "; a key without access to this model or endpoint is refused the same way"
+    return BackendError(f"the server at {where} {verb} {what} (HTTP {status}{said}); {todo}")
 
 
 class _EmptyAnswer(Exception):
@@ -126,16 +202,21 @@ class OpenAIBackend(Backend):
         self.cfg = cfg
         # The key is read here and held only by the client; it is never logged or stored.
         api_key = os.environ.get(cfg.api_key_env) or "EMPTY"
+        ep = endpoint(cfg)
         http_client = None
         if cfg.http_transport == "aiohttp":
             http_client = openai.DefaultAioHttpClient(timeout=cfg.timeout_s)
         self.client = openai.AsyncOpenAI(
-            base_url=cfg.base_url,
+            base_url=ep.base,
             api_key=api_key,
             max_retries=0,
             timeout=cfg.timeout_s,
             http_client=http_client,
+            # URL credentials replace the Bearer key (custom headers win in the client)
+            default_headers=ep.headers if ep.sends == "basic" else None,
+            default_query=ep.query or None,
         )
+        self._answered = False  # a 403 after an answer is one request's, not the key's
         self._retrying: dict[str, Any] = dict(
             stop=stop_after_attempt(cfg.max_attempts),
             wait=_Wait(cfg.backoff_initial_s, cfg.backoff_max_s),
@@ -168,12 +249,20 @@ class OpenAIBackend(Backend):
         return ChatResult(choices, prompt_tokens, completion_tokens, str(model))
 
     async def complete(self, req: ChatRequest) -> ChatResult | RequestFailure:
+        """One request with its retries; raises BackendError when the server refuses the
+        credentials (nothing else will get through either)."""
         attempts = 0
         try:
             async for attempt in AsyncRetrying(**self._retrying):
                 with attempt:
                     attempts += 1
-                    return await self._once(req)
+                    result = await self._once(req)
+                    self._answered = True
+                    return result
+        except openai.APIStatusError as exc:
+            if exc.status_code == 401 or (exc.status_code == 403 and not self._answered):
+                raise auth_error(self.cfg, exc.status_code, exc.message) from None
+            return RequestFailure(describe_error(exc), attempts, transient=is_transient(exc))
         except Exception as exc:
             return RequestFailure(describe_error(exc), attempts, transient=is_transient(exc))
         raise AssertionError("unreachable")  # pragma: no cover
@@ -202,6 +291,8 @@ class OpenAIBackend(Backend):
                 while (item := waiting.pop() if waiting else await feed.get()) is not None:
                     token, req = item
                     out.put_nowait((token, await self.complete(req)))
+            except BackendError as exc:  # refused credentials: raised by the consumer below
+                out.put_nowait(exc)
             finally:
                 out.put_nowait(finished)
 
@@ -214,6 +305,8 @@ class OpenAIBackend(Backend):
                 if item is finished:
                     ended += 1
                     continue
+                if isinstance(item, BaseException):
+                    raise item
                 yield item
         finally:
             for w in workers:
@@ -239,53 +332,67 @@ def check_reachable(cfg: Any) -> None:
     import urllib.error
     import urllib.request
 
-    from pipeline.redact import redact, strip_userinfo
+    from pipeline.redact import public_url, redact
 
-    # the probe goes without user:password@ (urllib reads it as part of the host); a server
-    # that wants them answers 401, which counts as reachable
-    url = strip_userinfo(cfg.base_url).rstrip("/") + "/models"
+    # the same address, query string and credentials as the requests themselves
+    ep = endpoint(cfg)
     try:
-        req = urllib.request.Request(url)
-        key = os.environ.get(cfg.api_key_env)
-        if key:
-            req.add_header("Authorization", f"Bearer {key}")
+        req = urllib.request.Request(ep.url("/models"), headers=ep.headers)
         urllib.request.urlopen(req, timeout=min(cfg.timeout_s, 10)).close()
-    except urllib.error.HTTPError:
-        return  # it answered; auth or routing is the request path's business
+    except urllib.error.HTTPError as exc:
+        # it answered. 401: the credentials are refused, and every request would be too.
+        # Anything else (a 404 from a server without /models, a 403 for a key that may
+        # chat but not list models) is the request path's business.
+        if exc.code == 401:
+            detail = ""
+            with contextlib.suppress(OSError):
+                detail = _error_text(exc.read().decode("utf-8", "replace"))
+            raise auth_error(cfg, 401, detail) from None
+        return
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise BackendError(
-            f"cannot reach the OpenAI-compatible server at {strip_userinfo(cfg.base_url)} "
+            f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
             f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.base_url"
         ) from None
 
 
 def list_models(cfg: Any) -> list[dict[str, Any]]:
     """The server's ``/models`` entries (id, root, owned_by...), for the run's record of
-    what served its answers. Raises BackendError when the server cannot be asked."""
-    import json as _json
+    what served its answers; empty when the server has no such list (a 404, or a key that
+    may chat but not list models). Raises BackendError when the server cannot be reached
+    or refuses the credentials."""
     import urllib.error
     import urllib.request
 
-    from pipeline.redact import redact, strip_userinfo
+    from pipeline.redact import public_url, redact
 
-    url = strip_userinfo(cfg.base_url).rstrip("/") + "/models"
-    req = urllib.request.Request(url)
-    key = os.environ.get(cfg.api_key_env)
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
+    ep = endpoint(cfg)  # the same address, query string and credentials as the requests
     try:
+        req = urllib.request.Request(ep.url("/models"), headers=ep.headers)
         with urllib.request.urlopen(req, timeout=min(cfg.timeout_s, 10)) as resp:
-            body = _json.loads(resp.read(4_000_000))
+            body = json.loads(resp.read(4_000_000))
     except urllib.error.HTTPError as exc:
-        raise BackendError(
-            f"the server at {strip_userinfo(cfg.base_url)} answered {exc.code} to GET /models, "
-            "so what serves the answers cannot be recorded; check the address and, if it "
-            f"wants a key, the environment variable {cfg.api_key_env}"
-        ) from None
+        if exc.code == 401:
+            detail = ""
+            with contextlib.suppress(OSError):
+                detail = _error_text(exc.read().decode("utf-8", "replace"))
+            raise auth_error(cfg, 401, detail) from None
+        return []
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise BackendError(
-            f"cannot reach the OpenAI-compatible server at {strip_userinfo(cfg.base_url)} "
+            f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
             f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.base_url"
         ) from None
     data = body.get("data") if isinstance(body, dict) else None
     return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+
+
+def _error_text(body: str) -> str:
+    """The message of an OpenAI-style error body, else the start of the body."""
+    try:
+        err = json.loads(body).get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+    except (ValueError, AttributeError):
+        pass
+    return body.strip()[:200]

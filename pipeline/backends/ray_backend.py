@@ -29,11 +29,20 @@ Ray 2.60's HTTP stage has three habits worked around through its ``session_facto
 ``ray`` is imported only when this backend is built. A local Ray (``ray.address`` unset) is
 started on first use, bound to loopback with no dashboard, and shut down by ``aclose()``;
 a Ray the backend did not start is left running.
+
+Threads: rows are read in a worker thread, and Ray Data runs its own executor thread. The
+first dataset a process runs imports about 120 more Ray Data modules (planner, optimizer
+rules, the streaming executor...), each taking the logging module's lock while holding its
+import lock; done in the worker thread, next to threads that log, that deadlocked a CI run
+for good. They are imported on the main thread when the backend is built
+(:func:`import_execution_modules`), and a wait for rows longer than
+``ray.result_timeout_s`` fails the stage with one line instead of hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import json
@@ -60,6 +69,26 @@ MAP_TASK_CPUS = 0.1
 _TRANSIENT_STATUS = {408, 409, 425, 429}
 _RETRY_STATUS = 503  # one Ray's HTTP stage retries: how the session asks for another attempt
 _END = object()
+# What Ray Data imports the first time a dataset executes, named by the modules that pull
+# in the rest (Ray 2.60; tests/test_ray_backend.py checks that a run imports nothing more
+# off the main thread, so a Ray that moves one is caught there).
+EXECUTION_MODULES = (
+    "ray.data._internal.execution.streaming_executor",
+    "ray.data._internal.planner.planner",
+    "ray.data._internal.logical.optimizers",
+    "ray.data._internal.execution.callbacks.execution_idx_update_callback",
+    "ray.data._internal.execution.callbacks.insert_issue_detectors",
+    "ray.data._internal.execution.callbacks.resource_allocator_prometheus_callback",
+    "ray.data.extensions",
+)
+
+
+def import_execution_modules() -> None:
+    """Import what Ray Data would import on first execution, here, on the calling (main)
+    thread, before any thread of ours or Ray Data's exists to race with (module doc)."""
+    for name in EXECUTION_MODULES:
+        with contextlib.suppress(ImportError):  # moved in another Ray: the test names it
+            importlib.import_module(name)
 
 
 def import_ray() -> tuple[Any, Any]:
@@ -300,7 +329,9 @@ class RayBackend(Backend):
         if self.rc.address is None:
             prefer_loopback()  # before the import: ray reads it then
         self._ray, self._llm = import_ray()
+        import_execution_modules()
         self._started_ray = False
+        self._answered = False  # a 403 after an answer is one request's, not the key's
         if self.rc.engine == "http":
             from pipeline.backends.openai_backend import check_reachable
 
@@ -355,13 +386,14 @@ class RayBackend(Backend):
         # one per queued batch, and on 2 cores that delayed the first answer by ~25 s.
         post = {"num_cpus": MAP_TASK_CPUS, "concurrency": min(rc.replicas, blocks or rc.replicas)}
         if rc.engine == "http":
-            headers = {}
-            key = os.environ.get(self.cfg.api_key_env)
-            if key:  # read here, handed to Ray's workers; never logged or stored by us
-                headers["Authorization"] = f"Bearer {key}"
+            from pipeline.backends.openai_backend import endpoint
+
+            # the key (or the URL's credentials) is read here and handed to Ray's workers;
+            # never logged or stored by us
+            ep = endpoint(self.cfg)
             config = llm.HttpRequestProcessorConfig(
-                url=self.cfg.base_url.rstrip("/") + "/chat/completions",
-                headers=headers,
+                url=ep.url("/chat/completions"),
+                headers=dict(ep.headers),
                 batch_size=rc.batch_size,
                 concurrency=pool,
                 max_retries=self.cfg.max_attempts - 1,
@@ -434,9 +466,18 @@ class RayBackend(Backend):
                 put((_END, None))
 
         threading.Thread(target=pump, name="ray-backend-rows", daemon=True).start()
+        limit = self.rc.result_timeout_s
         try:
             while True:
-                row, exc = await queue.get()
+                try:
+                    row, exc = await asyncio.wait_for(queue.get(), limit)
+                except asyncio.TimeoutError:
+                    raise BackendError(
+                        f"ray: no answer came back for {limit:g} s; Ray looks stuck (see "
+                        "`ray status` and the logs under /tmp/ray/session_latest/logs). Run "
+                        "the same command again: answers already received are kept. If one "
+                        "batch can take that long, raise backend.ray.result_timeout_s"
+                    ) from None
                 if exc is not None:
                     raise exc
                 if row is _END:
@@ -480,15 +521,22 @@ class RayBackend(Backend):
                 outcome: ChatResult | RequestFailure | None
                 if http:
                     status, attempts = int(row["status"]), int(row["attempts"])
+                    if status == 401 or (status == 403 and not self._answered):
+                        from pipeline.backends.openai_backend import auth_error
+
+                        raise auth_error(self.cfg, status, _error_message(row["text"]))
                     outcome = reply_outcome(
                         status, row["text"], row["error"], attempts, self.cfg.model
                     )
+                    self._answered = self._answered or isinstance(outcome, ChatResult)
                 else:
                     outcome = self._gather(requests[i], samples.setdefault(i, {}), row)
                     if outcome is None:
                         continue  # more samples of this request to come
                 done.add(i)
                 yield i, outcome
+        except BackendError:
+            raise  # refused credentials or a stuck Ray: the stage stops with this line
         except Exception as exc:
             # The dataset failed (a worker died, a batch raised): what has not come back
             # is recorded as failed and retried by the next run.

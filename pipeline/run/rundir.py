@@ -245,8 +245,13 @@ def open_run(target: str | Path, overrides: Sequence[str] = ()) -> tuple[RunDir,
     ``target`` is a run directory (``outputs/<run>``) or the run's config file. Anything
     else is one InputError saying what it is and what to pass instead; nothing is created.
     """
+    from pipeline.config import path_kind
+
     target = Path(target)
     hint = "pass a run directory (outputs/<run>) or the run's config file"
+    kind = path_kind(target)
+    if kind not in (None, "a file", "a folder"):
+        raise InputError(f"is {kind}; {hint}", path=target)
     if not target.exists():
         raise InputError(f"no such run directory or config file; {hint}", path=target)
     if target.is_file():
