@@ -187,7 +187,8 @@ async def measure_backend(
     """LLMRunner + OpenAIBackend + a fresh RequestCache: the path a stage takes."""
     backend = OpenAIBackend(cfg)
     cache = RequestCache(cache_dir / "cache.sqlite")
-    runner = LLMRunner(backend, cache, "bench", progress=False)
+    # text_reasks=0: the bare client it is compared with does not ask a cut answer again
+    runner = LLMRunner(backend, cache, "bench", progress=False, text_reasks=0)
     ok = failed = 0
     try:
         c0, t0 = time.process_time(), time.perf_counter()

@@ -222,7 +222,8 @@ def measure_stage(cfg: Config) -> dict[str, Any]:
 async def _backend_only(cfg: Config, requests: list[ChatRequest], cache_path: Path) -> int:
     backend = OpenAIBackend(cfg.backend)
     cache = RequestCache(cache_path)
-    runner = LLMRunner(backend, cache, "responses", progress=False)
+    # text_reasks=0: the bare client it is compared with does not ask a cut answer again
+    runner = LLMRunner(backend, cache, "responses", progress=False, text_reasks=0)
     ok = 0
     try:
         async for _, outcome in runner.stream(requests):

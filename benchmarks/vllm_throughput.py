@@ -144,7 +144,8 @@ def measure_backend(backend: Any, requests: list[ChatRequest], tmp: Path) -> dic
         folder = Path(tempfile.mkdtemp(dir=tmp))
         tokens = prompt = failed = 0
         with RequestCache(folder / "cache.sqlite") as cache:
-            runner = LLMRunner(backend, cache, "bench", progress=False)
+            # text_reasks=0: the bare client it is compared with does not ask a cut answer again
+            runner = LLMRunner(backend, cache, "bench", progress=False, text_reasks=0)
             _reset_prefix_cache(backend.llm)
             t0 = time.perf_counter()
             async for _, outcome in runner.stream(requests):

@@ -36,6 +36,7 @@ from pipeline.cache import INVALID_PREFIX, RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError, StageError
 from pipeline.progress import Progress
+from pipeline.rules.text import unfinished
 
 # validate(request, text) -> parsed value; raises ValueError with a short reason when invalid.
 # It always receives the job's original request, also when judging the answer to a re-ask.
@@ -52,6 +53,11 @@ REASK_LENGTH_TEMPLATE = (
 )
 # A re-ask after a cut-off answer doubles max_tokens, up to this many.
 MAX_TOKENS_CAP = 16384
+# A free-text answer that is not finished (pipeline.rules.text.unfinished: cut at
+# max_tokens, no visible text, ending mid-sentence) is asked again this many times, with
+# twice the tokens and the same messages; what then comes back is kept, with its finish
+# reason, and the pair filters drop it if it is still unfinished.
+TEXT_REASKS = 1
 
 
 @dataclass
@@ -157,6 +163,7 @@ class LLMRunner:
         invalid_retry_runs: int = 1,
         lookup_batch: int = 512,
         commit_batch: int = 256,
+        text_reasks: int = TEXT_REASKS,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -167,6 +174,8 @@ class LLMRunner:
         self.invalid_retry_runs = invalid_retry_runs
         self.lookup_batch = lookup_batch
         self.commit_batch = commit_batch
+        # benchmarks that compare with a bare client set 0: they measure transport
+        self.text_reasks = text_reasks
         self.stats = RunStats(backend=backend.name)
         self._own_progress = not isinstance(progress, Progress)
         self.progress: Progress | None = progress if isinstance(progress, Progress) else None
@@ -301,8 +310,12 @@ class LLMRunner:
         self, req: ChatRequest, result: ChatResult, validate: Validator | None
     ) -> tuple[list[Any], str | None, str, str]:
         """(parsed choices, None, "", "") when all validate, else ([], error, the bad text,
-        its finish reason); no validator: ([], None, "", "")."""
+        its finish reason). Free text (no validator): an error when a choice is unfinished."""
         if validate is None:
+            for choice in result.choices:
+                why = unfinished(choice.text, choice.finish_reason)
+                if why is not None:
+                    return [], why, choice.text, choice.finish_reason
             return [], None, "", ""
         parsed: list[Any] = []
         for choice in result.choices:
@@ -325,6 +338,8 @@ class LLMRunner:
             if err is None:
                 self.stats.cached += 1
                 self._finish(job.tag, Answer(hit, parsed, job.request, cached=True))
+            elif job.validate is None:
+                self._retry_text(_Flight(job, job.request), hit, finish, cached=True)
             else:
                 # cached before validation was this strict: re-ask (from the cache if an
                 # earlier run already did)
@@ -348,6 +363,34 @@ class LLMRunner:
             self._reask(nxt, bad2, err2, finish2)
         else:
             self._give_up(nxt, err2)
+
+    def _retry_text(
+        self, flight: _Flight, result: ChatResult, finish: str, *, cached: bool = False
+    ) -> ChatResult | None:
+        """An unfinished free-text answer: ask the same messages again once with twice the
+        tokens (from the cache if an earlier run did), and return None. Past the retry,
+        ``result`` is the answer, kept as it is (its finish reason says it is cut): a fresh
+        one is returned for the caller to store, a cached one is finished here."""
+        job = flight.job
+        more = min(flight.request.max_tokens * 2, MAX_TOKENS_CAP)
+        if flight.reasks >= self.text_reasks or more <= flight.request.max_tokens:
+            if cached:
+                self.stats.cached += 1
+                answer = Answer(result, [], flight.request, cached=True, reasks=flight.reasks)
+                self._finish(job.tag, answer)
+                return None
+            return result
+        self.stats.reasks += 1
+        if finish == "length":
+            self.stats.length_reasks += 1
+        nxt = _Flight(job, replace(flight.request, max_tokens=more), flight.reasks + 1)
+        hit = self.cache.get(nxt.request.key)
+        if hit is None:
+            self._send(nxt)
+        else:
+            self.stats.cached += 1
+            self._finish(job.tag, Answer(hit, [], nxt.request, cached=True, reasks=nxt.reasks))
+        return None
 
     def _give_up(self, flight: _Flight, err: str) -> None:
         """Invalid after every re-ask: an error, never an answer; final after the budget."""
@@ -391,6 +434,11 @@ class LLMRunner:
             st.prompt_tokens += res.prompt_tokens
             st.completion_tokens += res.completion_tokens
             parsed, err, bad, finish = self._check(job.request, res, job.validate)
+            if err is not None and job.validate is None:
+                # free text: asked again once with more tokens; past that, kept as it is
+                if self._retry_text(flight, res, finish) is None:
+                    continue
+                err = None
             if err is None:
                 to_cache.append((flight.request, res, self.stage))
                 answered.append(

@@ -97,6 +97,7 @@ def release_features() -> Features:
             "rubric_item_ids": List(s),  # aligned with rubric_aspects; violated_item_ids refer here
             "strategy": s,
             "violated_item_ids": List(s),
+            "finish_reasons": {"chosen": s, "rejected": s},  # "length": cut at max_tokens
             "generator_model": s,
             "judge_model": s,
             "sampling": s,  # JSON: generator sampling per side, judge sampling and seed
@@ -301,6 +302,9 @@ def build_row(record: dict[str, Any], verdict: dict[str, Any] | None) -> dict[st
         "rubric_item_ids": [it.get("item_id") for it in items],
         "strategy": record.get("strategy"),
         "violated_item_ids": violated,
+        "finish_reasons": {
+            side: (record.get("finish_reasons") or {}).get(side) for side in ("chosen", "rejected")
+        },
         "generator_model": generator_model(record),
         "judge_model": credited(judge_prov),
         "sampling": _json(sampling_of(record)),

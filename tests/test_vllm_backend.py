@@ -468,7 +468,9 @@ def test_end_to_end_with_runner_and_cache(fake_vllm: type[FakeLLM], tmp_path: Pa
     async def run_once() -> dict[int, Any]:
         backend = factory_make_backend(cfg, cache_path)
         with RequestCache(cache_path) as cache:
-            runner = LLMRunner(backend, cache, "responses", progress=False)
+            # text_reasks=0: the fake model's answers name their prompt and stop without a
+            # full stop; this test is about the engine calls, not about cut answers
+            runner = LLMRunner(backend, cache, "responses", progress=False, text_reasks=0)
             out = {i: o async for i, o in runner.stream(requests)}
             stats = runner.stats
         await backend.aclose()
@@ -502,7 +504,9 @@ def test_runner_sends_chunks_of_chunk_size_requests(
 
     async def go() -> int:
         with RequestCache(tmp_path / "cache.sqlite") as cache:
-            runner = LLMRunner(backend, cache, "responses", progress=False)
+            # text_reasks=0: the fake model's answers name their prompt and stop without a
+            # full stop; this test is about the engine calls, not about cut answers
+            runner = LLMRunner(backend, cache, "responses", progress=False, text_reasks=0)
             return sum([1 async for _ in runner.stream(requests)])
 
     assert asyncio.run(go()) == 700

@@ -72,6 +72,14 @@ CHECKS: dict[str, Check] = {
             "truncated_text",
         ),
         Check(
+            "cut_off",
+            "Cut off at max_tokens",
+            "text",
+            "an answer stopped on the token limit (finish_reason length; needs the "
+            "finish_reasons column)",
+            "truncated",
+        ),
+        Check(
             "rubric_echo",
             "Rubric echo",
             "text",
@@ -131,6 +139,7 @@ CHECKS: dict[str, Check] = {
         ),
     )
 }
+CUT_OFF = "stopped at max_tokens (finish_reason length): not a finished answer"
 # Not a per-pair check, but a gate `--fail-on` accepts: the shortcut probe does not clear the
 # set (it flagged, or the set is too small to clear).
 PROBE_GATE = "shortcut_probe"
@@ -233,6 +242,7 @@ def check_row(
     text is split twice."""
     texts = {"chosen": r["chosen"], "rejected": r["rejected"]}
     aspects = _aspects(r)
+    finish = r.get("finish_reasons")
     live = []
     for k, side in enumerate(SIDES):
         t = texts[side]
@@ -243,6 +253,8 @@ def check_row(
         live.append(side)
         wc = n_words[k] if n_words is not None else None
         toks = set(tokens[k]) if tokens is not None else set(words(t))
+        if isinstance(finish, Mapping) and finish.get(side) == "length":
+            _flag(flags, ids, cats, i, "cut_off", Hit(CUT_OFF, "finish_reason length"), side)
         for code, h in (
             ("over_cap", rules.over_cap(t, wc)),
             ("refusal", rules.refusal(t, toks)),

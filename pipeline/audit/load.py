@@ -26,6 +26,7 @@ from pipeline.fields import (
     PROFILE_FIELDS,
     QUALITY_MAX,
     QUALITY_MIN,
+    SIDES,
     TEXT_COLUMNS,
     is_number,
 )
@@ -291,6 +292,12 @@ def check_types(rows: list[dict[str, Any]], source: Mapping[str, Any]) -> None:
             text(i, col, r.get(col), optional=False)
         for col in ("narrative", "human_verdict"):
             text(i, col, r.get(col), optional=True)
+        fr = r.get("finish_reasons")
+        if fr is not None:
+            if not isinstance(fr, dict):
+                raise err(i, "finish_reasons", "an object {chosen, rejected} or null", fr)
+            for side in SIDES:
+                text(i, f"finish_reasons.{side}", fr.get(side), optional=True)
         for col in ("id", "category", "user_id", "pair_id", "example_id"):
             v = r.get(col)
             if isinstance(v, int) and not isinstance(v, bool) and col != "category":

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from rapidfuzz import fuzz
 from rapidfuzz.utils import default_process
 
-from pipeline.fields import words
+from pipeline.fields import visible_text, words
 
 
 class Hit(NamedTuple):
@@ -33,7 +33,8 @@ def tail(text: str, limit: int = 60) -> str:
 _TERMINAL = ".!?…。！？"
 # Closing quotes and emphasis marks that may follow the final full stop.
 _TRAILING_MARKS = "\"'”’»*_`~ \t\r\n"
-_DANGLING_PUNCT = ",;:-–—/(&+"
+# an open bracket or brace is never a sentence's end ('{"aspects": [' is a cut JSON answer)
+_DANGLING_PUNCT = ",;:-–—/(&+[{"
 # A sentence does not end on these words; an answer that does was cut off.
 _DANGLING_WORDS = frozenset(
     "a an the and or but nor so yet to of in on at by for from with without into onto "
@@ -71,6 +72,19 @@ def ends_mid_sentence(text: str) -> Hit | None:
     if last.isalnum():
         return Hit(f"ends without closing punctuation: {end!r}", end)
     return None  # an emoji or another symbol: a deliberate ending
+
+
+def unfinished(text: str, finish_reason: str | None = None) -> str | None:
+    """Why a free-text answer is not a finished answer, or None: it stopped on the token
+    limit, it has no visible text, or it ends mid-sentence (a server that cut it and said
+    "stop"). The runner asks such an answer again once with more tokens; the pair filters
+    (``truncated``, ``empty``, ``truncated_text``) drop what is still unfinished."""
+    if finish_reason == "length":
+        return "cut off at max_tokens (finish_reason length)"
+    if not visible_text(text):
+        return "no visible text"
+    hit = ends_mid_sentence(text)
+    return f"it {hit.detail}" if hit else None
 
 
 def normalise(text: str) -> str:

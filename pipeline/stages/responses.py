@@ -330,7 +330,11 @@ class ResponseStage(Stage):
                         "sampling": c.responses.sampling.model_dump(),
                         "seed": req.seed,
                         "n": req.n,
-                        "request_key": req.key,
+                        # the request finally answered: a cut-off answer's retry has more
+                        # max_tokens (pipeline/llm.py TEXT_REASKS)
+                        "request_key": ans.request.key,
+                        "max_tokens": ans.request.max_tokens,
+                        "reasks": ans.reasks,
                         # usage is per request; a request with n choices shares it
                         "usage": {
                             "prompt_tokens": ans.result.prompt_tokens,
