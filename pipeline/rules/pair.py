@@ -20,6 +20,7 @@ from pipeline.fields import (
     count_words,
     is_number,
     largest_quality_gap,
+    visible_text,
     word_cap_limit,
     words,
 )
@@ -81,8 +82,16 @@ class Rules:
 
     @staticmethod
     def empty(text: str) -> Hit | None:
-        if not text.strip():
-            return Hit("is empty" if not text else "is whitespace only", repr(text[:20]))
+        """No visible text (``pipeline.fields.visible_text``, the test ingest applies to the
+        input): empty, blanks only, or only invisible and control characters."""
+        if not visible_text(text):
+            if not text:
+                what = "is empty"
+            elif not text.strip():
+                what = "is whitespace only"
+            else:
+                what = "has no visible text (only invisible or control characters)"
+            return Hit(what, repr(text[:20]))
         return None
 
     def over_cap(self, text: str, n_words: int | None = None) -> Hit | None:
