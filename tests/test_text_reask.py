@@ -70,3 +70,25 @@ def test_an_answer_still_cut_after_its_retry_is_recorded_and_dropped(tmp_path, c
     # the pair filters see the finish reason and say why the example is gone
     (drop,) = list(rd.stage("pairs").rejects())
     assert drop["reason"] == "truncated" and "finish_reason length" in drop["detail"]
+
+
+def test_inspect_names_rubric_items_by_their_text(tmp_path, capsys):
+    # the stand-in covers at most three points per answer: four-point rubrics drop on
+    # coverage, and inspect shows which points, by their words
+    with StandinServer() as s:
+        cfg = write_config(tmp_path, s)
+        assert main(["run", str(cfg), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "outputs" / "t"), "--reason", "coverage"]) == 0
+    out = capsys.readouterr().out
+    rubrics = {
+        r["example_id"]: r for r in RunDir(tmp_path / "outputs" / "t").stage("rubrics").rows()
+    }
+    drops = [r for r in RunDir(tmp_path / "outputs" / "t").stage("pairs").rejects()
+             if r["reason"] == "coverage"]  # fmt: skip
+    assert drops
+    for d in drops:
+        items = rubrics[d["example_id"]]["items"]
+        named = [it for it in items if it["item_id"] in d["detail"]]
+        assert named and all(it["aspect"][:30] in d["detail"] for it in named), d["detail"]
+        assert d["detail"] in out
