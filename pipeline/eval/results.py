@@ -40,12 +40,13 @@ from pipeline.eval.data import SETTINGS
 from pipeline.fields import show, show_ci
 from pipeline.io import read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from pipeline.run import run_of
+from pipeline.run.layout import LOCK
 
 RESULTS_FILE = "results.json"
 SCORES_FILE = "scores.jsonl"
 LEADERBOARD_JSONL = "leaderboard.jsonl"
 LEADERBOARD_MD = "leaderboard.md"
-LOCK_FILE = ".lock"
+LOCK_FILE = LOCK  # the eval root has its own lock, named like a run's
 SCHEMA_VERSION = 2  # 1: one results.json per scorer (layout 1); 2: one per scorer and setting
 
 
