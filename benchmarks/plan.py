@@ -15,6 +15,11 @@ judge on placeholder answers), in three settings:
   pilot's answers measure output lengths and are found in the cache); the pilot itself is
   not timed.
 
+Then (unless ``--no-full-run``) the whole run itself, `prb run CONFIG`, and per LLM stage
+the ``after_pilot`` plan against what that run's stats.json says it sent and received:
+requests to send against sent, prompt tokens against the backend's count, expected output
+against received output.
+
 It checks that planning wrote nothing (the run directory of a fresh plan does not appear;
 after the pilot, every file of the run is unchanged) and writes
 benchmarks/results/plan.json: per setting the wall times of ``--repeats`` runs, the plan's
@@ -126,16 +131,51 @@ def measure(cfg: Path, run_dir: Path, repeats: int) -> dict[str, Any]:
     }
 
 
+def check_against_run(cfg: Path, run_dir: Path, results: dict[str, Any]) -> dict[str, Any]:
+    """Run the whole pipeline; the after_pilot plan per LLM stage against what it sent."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", str(cfg), "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"full run failed: {proc.stderr[-2000:]}")
+    out: dict[str, Any] = {"run_seconds": round(time.perf_counter() - t0, 1), "stages": {}}
+    for name, planned in results["after_pilot"]["stages"].items():
+        stats = json.loads((run_dir / name / "stats.json").read_text())
+        llm = stats["llm"]
+        expected = planned["output_expected"]
+        out["stages"][name] = {
+            "requests_planned": planned["to_send"],
+            "requests_sent": llm["sent"],
+            "reasks": llm["reasks"],
+            "failed": llm["failed"],
+            "prompt_tokens_planned": planned["prompt_tokens"],
+            "prompt_tokens_actual": llm["prompt_tokens"],
+            "prompt_ratio": round(planned["prompt_tokens"] / max(llm["prompt_tokens"], 1), 3),
+            "output_tokens_planned": expected,
+            "output_tokens_actual": llm["completion_tokens"],
+            "output_ratio": round(expected / max(llm["completion_tokens"], 1), 3)
+            if expected is not None
+            else None,
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2830, help="synthetic examples (default 2,830)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pilot", type=int, default=50, help="examples of the pilot run")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument(
+        "--no-full-run", action="store_true", help="skip the full run that checks the plan"
+    )
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench-plan-"))
     results: dict[str, Any] = {}
+    checked: dict[str, Any] | None = None
     try:
         data = work / "input.jsonl"
         made = write_synthetic_input(data, args.n)
@@ -155,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
             if pilot.returncode != 0:
                 raise RuntimeError(f"pilot run failed: {pilot.stderr[-2000:]}")
             results["after_pilot"] = measure(cfg, work / "outputs" / "standin", args.repeats)
+            if not args.no_full_run:
+                checked = check_against_run(cfg, work / "outputs" / "standin", results)
         finally:
             server.stop()
     finally:
@@ -178,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
             "met": all(r["wall_s_median"] < TARGET_S for r in results.values()),
         },
         "settings": results,
+        "plan_against_run": checked,
         **run_metadata(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -187,6 +230,13 @@ def main(argv: list[str] | None = None) -> None:
               f"(plan's own {r['plan_seconds']} s)")  # fmt: skip
         print("\n".join(r["table"]))
         print()
+    if checked is not None:
+        print(f"== the plan after the pilot against the full run ({checked['run_seconds']} s)")
+        for name, c in checked["stages"].items():
+            print(
+                f"{name}: requests {c['requests_planned']:,} planned, {c['requests_sent']:,} "
+                f"sent; prompt x{c['prompt_ratio']}, output x{c['output_ratio']} (plan/actual)"
+            )
     print(f"wrote {args.out}")
 
 

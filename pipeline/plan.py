@@ -354,6 +354,8 @@ def _corpus(rows: Iterable[dict], limit: int = 200) -> list[str]:
 class Figures:
     requests: int = 0
     prompt_tokens: int = 0
+    # the prompts with every placeholder answer in them at its max_tokens
+    prompt_bound: int = 0
     output_bound: int = 0
     output_expected: float | None = None
     choices: int = 0
@@ -423,9 +425,12 @@ def _count(
     counter: TokenCounter,
     mean: float | None,
     keep_rows: list[dict] | None,
+    placeholder: tuple[str, int] | None = None,
 ) -> None:
     """Count the planned requests into ``est``; what is done (``done`` None: everything)
-    or cached is not to be sent. Rows of examples still to do go to ``keep_rows``."""
+    or cached is not to be sent. Rows of examples still to do go to ``keep_rows``.
+    ``placeholder``: the placeholder answer's text and the tokens an answer may have beyond
+    it (at ``max_tokens``), for the prompt bound."""
     batch: list[tuple[ChatRequest, bool]] = []
 
     def flush() -> None:
@@ -434,11 +439,16 @@ def _count(
             # (a key is hashed only when the cache holds something to find)
             cached = settled or (bool(present) and req.key in present)
             tokens = counter.count(req)
+            prompt_bound = tokens
+            if placeholder is not None and placeholder[1] > 0:
+                held = sum(c.count(placeholder[0]) for _, c in req.messages)
+                prompt_bound += held * placeholder[1]
             bound = req.max_tokens * req.n
             expected = min(mean, req.max_tokens) * req.n if mean is not None else None
             for fig in (est.total,) if cached else (est.total, est.to_send):
                 fig.requests += 1
                 fig.prompt_tokens += tokens
+                fig.prompt_bound += prompt_bound
                 fig.output_bound += bound
                 fig.choices += req.n
                 if expected is not None:
@@ -677,7 +687,13 @@ def _estimate(
         mean = m.get("output_per_choice")
         keep: list[dict] | None = None if p.action == "skip" else []
         est.estimated = any(u in placeholders_in for u in stage.reads)
-        _count(est, stage.plan_examples(ctx, set(), filler), done, cache, counter, mean, keep)
+        placeholder = None
+        if "responses" in placeholders_in and uses:
+            text = filler.answer()
+            extra = config.responses.sampling.max_tokens - counter.text(text)
+            placeholder = (text, max(extra, 0))
+        planned = stage.plan_examples(ctx, set(), filler)
+        _count(est, planned, done, cache, counter, mean, keep, placeholder)
         if keep is not None:
             if done:  # resumed: what is on disk, then what the rest would add
                 keep = list(sd.rows()) + keep
@@ -709,6 +725,11 @@ def _estimate(
         out.append(est)
     if used_filler:
         notes = filler_notes + notes
+    if "rubrics" in placeholders_in:
+        notes.append(
+            "the bounds count rubrics not yet generated at their expected size: for the "
+            "stages that quote them, the prompt bound is an estimate"
+        )
     totals, time_, cost = _summarise(ctx, out, tokens_per_second, measured)
     return Plan(
         run_dir=rd.shown,
@@ -737,6 +758,7 @@ def _summarise(
         s = e.to_send
         send.requests += s.requests
         send.prompt_tokens += s.prompt_tokens
+        send.prompt_bound += s.prompt_bound
         send.output_bound += s.output_bound
         if s.requests and s.output_expected is None:
             expected_known = False
@@ -752,6 +774,7 @@ def _summarise(
         "prompt_tokens": round(prompt_all),
         "output_tokens_expected": round(expected_out) if expected_out is not None else None,
         "output_tokens_bound": send.output_bound,
+        "prompt_tokens_bound": send.prompt_bound,
     }
     tps, source = _throughput(ctx, tokens_per_second, measured)
     out_tokens = expected_out if expected_out is not None else float(send.output_bound)
@@ -768,7 +791,7 @@ def _summarise(
         "usd_expected": cost_usd(prompt_all, expected_out, prices)
         if expected_out is not None
         else None,
-        "usd_bound": cost_usd(send.prompt_tokens, send.output_bound, prices),
+        "usd_bound": cost_usd(send.prompt_bound, send.output_bound, prices),
     }
     return totals, time_, cost
 
@@ -854,7 +877,8 @@ def render(plan: Plan) -> str:
     if c["usd_bound"] is not None:
         exp = f"${c['usd_expected']:,.2f} expected, " if c["usd_expected"] is not None else ""
         lines.append(
-            f"cost: {exp}${c['usd_bound']:,.2f} at most for first attempts, at "
+            f"cost: {exp}${c['usd_bound']:,.2f} at most for first attempts (every answer "
+            "at max_tokens, also where later prompts quote it), at "
             f"${c['input_usd_per_million']:g} / ${c['output_usd_per_million']:g} per "
             "million prompt / output tokens (run.prices)"
         )

@@ -49,6 +49,8 @@ def test_plan_counts_what_run_sends_and_its_prompts_are_within_20pct(tmp_path, s
         # responses.word_cap words stand in for the answers the judge reads
         assert _within(e.to_send.prompt_tokens, got["prompt_tokens"]), (name, e.to_send)
         assert got["completion_tokens"] <= e.to_send.output_bound
+        if source == "given":  # placeholder rubrics are counted at their expected size
+            assert got["prompt_tokens"] <= e.to_send.prompt_bound
     assert _stage(plan, "judge").estimated  # its input did not exist: marked
     assert _stage(plan, "responses").estimated == (source == "generated")
 
@@ -144,7 +146,8 @@ def test_plan_json_and_table(tmp_path, server, capsys):
     assert list(stages) == ["ingest", "rubrics", "responses", "judge", "pairs"]
     assert data["totals"]["requests_to_send"] == 60 + 384
     bound = data["totals"]["output_tokens_bound"]
-    prompt = data["totals"]["prompt_tokens"]
+    prompt = data["totals"]["prompt_tokens_bound"]
+    assert prompt > data["totals"]["prompt_tokens"]  # the judge quotes answers at max_tokens
     assert data["cost"]["usd_bound"] == pytest.approx((prompt * 1.0 + bound * 2.0) / 1e6)
     assert data["time"]["seconds"] == pytest.approx(bound / 100, rel=1e-3)  # no measurement yet
     assert data["time"]["basis"] == "output bound"
