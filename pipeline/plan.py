@@ -197,8 +197,9 @@ def _gguf_path(config: Config, model: str) -> Path | None:
     """The GGUF file a llama.cpp model names, when there is one."""
     if config.backend.name == "llamacpp":
         try:  # the in-process llama.cpp backend (pipeline/backends/llamacpp_backend.py)
-            from pipeline.backends import llamacpp_backend  # type: ignore[attr-defined]
+            import importlib
 
+            llamacpp_backend = importlib.import_module("pipeline.backends.llamacpp_backend")
             return Path(llamacpp_backend.resolve_model(model, config.resolve_input))
         except (ImportError, PipelineError):
             return None

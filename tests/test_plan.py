@@ -240,3 +240,14 @@ def test_a_local_transformers_tokenizer_is_used_with_its_chat_template(tmp_path,
     ids = fast.apply_chat_template(req.message_dicts(), tokenize=True, add_generation_prompt=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     assert _hf_counter(str(folder)).count(req) == len(ids) > 0
+
+
+def test_a_gguf_model_is_counted_by_its_own_tokenizer(tmp_path):
+    """backend.model a .gguf file (the llama.cpp backend's kind of model): the plan counts
+    prompts with the file's tokenizer and says so."""
+    path = _smollm2()
+    cfg = write_config(tmp_path, None, backend={"model": str(path)})
+    plan = estimate(load_config(cfg))
+    resp = _stage(plan, "responses")
+    assert "llama.cpp" in resp.tokens and path.name in resp.tokens
+    assert resp.to_send.requests == 60 and resp.to_send.prompt_tokens > 0
