@@ -78,7 +78,15 @@ class RequestCache:
             if readonly:
                 if not self.path.exists():
                     raise FileNotFoundError(self.path)
-                self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+                # Without a write-ahead log on disk the file is the whole database: opened
+                # immutable, SQLite creates no -wal/-shm beside it, so a read-only command
+                # (`prb plan`, `prb status`) leaves the run as it found it. A log on disk
+                # (a run in progress or killed) holds answers: read through it then.
+                from urllib.parse import quote
+
+                wal = Path(f"{self.path}-wal").exists()
+                uri = f"file:{quote(str(self.path))}?mode=ro" + ("" if wal else "&immutable=1")
+                self._db = sqlite3.connect(uri, uri=True)
                 # reading the schema touches the header and the first pages: a damaged
                 # file fails here, with the repair command, instead of mid-command
                 self._db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
@@ -160,6 +168,12 @@ class RequestCache:
     def get_many(self, keys: Iterable[str]) -> dict[str, ChatResult]:
         rows = self._by_keys("SELECT key, response FROM responses WHERE key IN ({marks})", keys)
         return {k: ChatResult.from_dict(loads(resp)) for k, resp in rows}
+
+    def present(self, keys: Iterable[str]) -> set[str]:
+        """The keys among ``keys`` that have an answer (nothing is parsed: `prb plan`
+        checks a whole run's requests with it)."""
+        rows = self._by_keys("SELECT key FROM responses WHERE key IN ({marks})", keys)
+        return {k for (k,) in rows}
 
     def put(self, request: ChatRequest, result: ChatResult, stage: str) -> None:
         self.put_many([(request, result, stage)])
@@ -285,6 +299,56 @@ class RequestCache:
                 entry = out.setdefault(stage, {"answers": 0, "errors": 0, "failed_keys": 0})
                 entry["errors"], entry["failed_keys"] = n, k
         return out
+
+    # ---- the ledger (read-only; pipeline/budget.py) ------------------------------------
+    def ledger(self, stage: str | None = None) -> list[dict[str, Any]]:
+        """What was received, as the cache holds it: per stage and answering backend
+        (``served_by``, the id every request carries), the answers, their choices, prompt
+        and output tokens, the re-asks among them (requests that carry an earlier answer,
+        i.e. an assistant turn: the stages' templates have none) and the first and last
+        answer's time. Answers that never validated are not stored, so they are missing
+        here; failures are in :meth:`counts_by_stage`. ``stage``: that stage's only."""
+        sql = (
+            "SELECT stage, json_extract(request, '$.served_by'), COUNT(*), "
+            "SUM(json_array_length(response, '$.choices')), "
+            "SUM(json_extract(response, '$.prompt_tokens')), "
+            "SUM(json_extract(response, '$.completion_tokens')), "
+            'SUM(instr(request, \'"role":"assistant"\') > 0), MIN(created), MAX(created) '
+            f"FROM responses {'WHERE stage = ?' if stage is not None else ''} GROUP BY 1, 2"
+        )
+        cols = (
+            "stage",
+            "served_by",
+            "answers",
+            "choices",
+            "prompt_tokens",
+            "completion_tokens",
+            "reasks",
+            "first",
+            "last",
+        )
+        with self._guard("read"):
+            rows = self._db.execute(sql, () if stage is None else (stage,)).fetchall()
+        return [
+            {
+                c: (v if v is not None or c in ("served_by", "first", "last") else 0)
+                for c, v in zip(cols, r, strict=True)
+            }
+            for r in rows
+        ]
+
+    def prompt_sample(self, served_by: str, limit: int = 500) -> list[tuple[str, int]]:
+        """(request JSON, prompt tokens) of up to ``limit`` first-attempt answers of one
+        backend: what a characters-per-token estimate is calibrated on."""
+        mark = f'"served_by":"{served_by}"'
+        sql = (
+            "SELECT request, json_extract(response, '$.prompt_tokens') FROM responses "
+            'WHERE instr(request, ?) > 0 AND instr(request, \'"role":"assistant"\') = 0 '
+            "ORDER BY rowid LIMIT ?"
+        )
+        with self._guard("read"):
+            rows = self._db.execute(sql, (mark, limit)).fetchall()
+        return [(req, int(tok or 0)) for req, tok in rows]
 
     def errors(self, stage: str | None = None) -> list[dict]:
         q = "SELECT key, stage, reason, attempts, created FROM errors"

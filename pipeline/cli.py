@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pipeline.cliargs import add_set_option as _add_set
 
 if TYPE_CHECKING:
+    from pipeline.errors import BudgetReached
     from pipeline.run import RunDir
 
 # the stage names in run order, for help texts (pipeline.stages.ORDER, kept in step by a test)
@@ -44,6 +45,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="print a JSON summary on stdout at the end, also after an error (stages run, "
         "per-stage counts, pairs kept, requests sent/cached/failed, seconds)",
     )
+    _add_set(p)
+
+    p = sub.add_parser(
+        "plan",
+        help="before a run: its requests, tokens, time and cost per stage (sends and writes "
+        "nothing)",
+        description="What `prb run CONFIG` would send, per stage: requests (from the stages' "
+        "own request builders; a resumed run counts only what is missing from its cache), "
+        "prompt tokens (the model's tokenizer when it is on this machine, else an estimate "
+        "whose method is printed), output tokens (the max_tokens bound, and the measured mean "
+        "when the cache has answers), then time and cost (run.prices). After a run, the "
+        "estimate against what was received. Writes nothing and sends no request (it may ask "
+        "a server's /models for the backend's identity). See docs/plan.md.",
+    )
+    p.add_argument("config", type=Path, help="the run's YAML config")
+    p.add_argument("--until", metavar="STAGE", help=f"plan up to this stage ({_STAGES})")
+    p.add_argument("--only", metavar="STAGE", help="plan only this stage")
+    p.add_argument(
+        "--tokens-per-second",
+        type=_positive,
+        metavar="X",
+        help="output tokens per second the backend produces, for the time estimate "
+        "(default: measured on this run, or by benchmarks/ for vllm)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
     _add_set(p)
 
     p = sub.add_parser(
@@ -192,10 +218,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive(text: str) -> float:
+    """A finite number above 0 (argparse type)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number above 0")
+    return value
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from pipeline.config import load_config
+    from pipeline.plan import estimate, render
+
+    cfg = load_config(args.config, args.overrides)
+    plan = estimate(cfg, until=args.until, only=args.only, tokens_per_second=args.tokens_per_second)
+    if args.json:
+        print(json.dumps(plan.as_dict(), indent=2))
+    else:
+        print(render(plan))
+    return 0
+
+
+def _resume_command(args: argparse.Namespace, exc: BudgetReached) -> str:
+    """The command that goes on after a budget stop: the same one (without --redo, which
+    would clear the stage again), the reached limit raised."""
+    import shlex
+
+    field = str(exc.spent.get("limit") or "run.budget.tokens")
+    value = exc.spent.get("value") or 0
+    raised = f"{value * 2:.2f}" if field.endswith("usd") else str(int(value) * 2)
+    parts = ["prb", "run", str(args.config)]
+    for opt in ("until", "only"):
+        if getattr(args, opt):
+            parts += [f"--{opt}", getattr(args, opt)]
+    for o in args.overrides:
+        if not o.startswith(field + "="):
+            parts += ["--set", o]
+    parts += ["--set", f"{field}={raised}"]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from pipeline.config import load_config
+    from pipeline.errors import BudgetReached
     from pipeline.run import RunDir
 
     cfg = load_config(args.config, args.overrides)
@@ -215,6 +289,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             lock=lock,
         )
+    except BudgetReached as exc:
+        # a clean stop, not a failure: what it reached, what was spent, how to go on
+        if args.json:
+            from pipeline.errorline import format_error
+            from pipeline.runsummary import print_run_summary
+
+            print_run_summary(cfg.run_dir, since=t0, error=format_error(exc, args.config))
+        from pipeline.redact import redact
+
+        print(
+            redact(
+                f"stopped: {exc}. To go on, raise {exc.spent.get('limit')} (or remove it) and "
+                f"run the same command, e.g. `{_resume_command(args, exc)}`; `prb plan "
+                f"{args.config}` shows what the rest needs"
+            ),
+            file=sys.stderr,
+        )
+        return BudgetReached.EXIT_STATUS
     except Exception as exc:
         if args.json:
             from pipeline.errorline import format_error
@@ -335,10 +427,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     if args.run is None:
         return list_runs()
-    rd, _ = open_run(args.run, args.overrides)
+    rd, cfg = open_run(args.run, args.overrides)
     per_stage: dict[str, dict[str, int]] = {}
     total = errors = 0
+    ledger: dict = {}
     if rd.cache_path.exists():
+        from pipeline.budget import run_ledger
+
+        ledger = run_ledger(rd, cfg.run.prices if cfg is not None else None)
         with RequestCache(rd.cache_path, readonly=True) as cache:
             per_stage = cache.counts_by_stage()
             total = sum(v["answers"] for v in per_stage.values())
@@ -352,6 +448,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             if state == "partial":
                 of = expected if expected is not None else "?"
                 state = f"partial ({done} of {of} examples)"
+                stopped = sd.stats().get("stopped_by_budget")
+                if isinstance(stopped, dict):
+                    state += f", stopped at {stopped.get('limit')} = {stopped.get('value')}"
             elif state == "done":
                 state = f"done ({done} examples)"
                 sd.check_intact()  # the same check, and the same line, as `prb run`
@@ -367,12 +466,41 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
             state += f"; {extra}"
         print(f"  {name:12s} {state}")
+        if name in ledger.get("stages", {}):
+            print(f"  {'':12s} {_ledger_line(ledger['stages'][name])}")
+    if ledger:
+        t = ledger["total"]
+        money = f", ${t['usd']:,.2f} at run.prices" if t["usd"] is not None else ""
+        print(
+            f"  spent: {t['answers']:,} answers ({t['reasks']:,} re-asks), "
+            f"{t['prompt_tokens']:,} prompt + {t['completion_tokens']:,} output tokens{money}"
+        )
     if rd.cache_path.exists():
         size = rd.cache_path.stat().st_size / 1e6
         print(
             f"  cache: {total} answers, {errors} failures recorded ({rd.cache_path}, {size:.1f} MB)"
         )
     return 1 if damaged else 0
+
+
+def _ledger_line(entry: dict) -> str:
+    """One stage's ledger for `prb status`: what its backend answered over the run's life
+    (cache.sqlite), and what the latest invocation did (stats.json)."""
+    money = f", ${entry['usd']:,.2f}" if entry.get("usd") is not None else ""
+    line = (
+        f"ledger: {entry['answers']:,} answers ({entry['reasks']:,} re-asks), "
+        f"{entry['prompt_tokens']:,} prompt + {entry['completion_tokens']:,} output tokens"
+        f"{money}"
+    )
+    inv = entry.get("latest_invocation")
+    if inv:
+        secs = inv.get("seconds")
+        took = f", {secs:.1f} s" if isinstance(secs, (int, float)) else ""
+        line += (
+            f"; latest invocation: sent {inv.get('sent')}, cached {inv.get('cached')}, "
+            f"failed {inv.get('failed')}, re-asks {inv.get('reasks')}{took}"
+        )
+    return line
 
 
 def _example_sources(rd: RunDir, example_ids: set[str]) -> dict[str, tuple[str, str]]:
@@ -542,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     handlers = {
         "run": cmd_run,
+        "plan": cmd_plan,
         "config": cmd_config,
         "status": cmd_status,
         "inspect": cmd_inspect,

@@ -34,6 +34,46 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+class BudgetSection(_Section):
+    """What a run may spend (docs/plan.md). Counted over the run's life for the backend that
+    answers it: the answers its cache.sqlite holds, plus what this invocation receives."""
+
+    # bounds guard against typos (an extra zero or two), not real budgets
+    requests: int | None = Field(
+        None,
+        ge=1,
+        le=10**12,
+        description="Stop before a request would take the run's answered requests past this "
+        "many; none: no limit.",
+    )
+    tokens: int | None = Field(
+        None,
+        ge=1,
+        le=10**15,
+        description="Stop before a request could take the run's prompt plus output tokens past "
+        "this many; none: no limit.",
+    )
+    usd: float | None = Field(
+        None,
+        gt=0,
+        le=10**9,
+        description="Stop before a request could take the run's cost at run.prices past this "
+        "many US dollars; none: no limit.",
+    )
+
+
+class PricesSection(_Section):
+    """A hosted API's prices, for the cost `prb plan`, the stats, `prb status` and the card
+    show, and for run.budget.usd."""
+
+    input_usd_per_million: float | None = Field(
+        None, ge=0, le=1_000_000, description="US dollars per million prompt tokens; none: unknown."
+    )
+    output_usd_per_million: float | None = Field(
+        None, ge=0, le=1_000_000, description="US dollars per million output tokens; none: unknown."
+    )
+
+
 class RunSection(_Section):
     name: str = Field("run", description="Run name; the run directory is <output_dir>/<name>.")
     output_dir: Path = Field(
@@ -42,6 +82,14 @@ class RunSection(_Section):
         "(from --set: to the current folder).",
     )
     seed: int = Field(0, description="Base seed: sampling seeds and A/B shuffles derive from it.")
+    # neither decides a stage's output: they are not in any stage's fingerprint
+    budget: BudgetSection = Field(
+        default_factory=BudgetSection,
+        description="Spending limits checked before each request is sent (docs/plan.md).",
+    )
+    prices: PricesSection = Field(
+        default_factory=PricesSection, description="Per-million-token prices of the backend."
+    )
 
     @field_validator("name")
     @classmethod
@@ -920,6 +968,23 @@ def _check_plain(data: Any, source: str) -> None:
 def _check_consistency(cfg: Config, source: str) -> None:
     """Settings that are valid one by one but contradict each other (every pair would drop)."""
     r, p = cfg.rubrics, cfg.pairs
+    prices = cfg.run.prices
+    given = [x is not None for x in (prices.input_usd_per_million, prices.output_usd_per_million)]
+    if any(given) and not all(given):
+        missing = "input" if not given[0] else "output"
+        raise ConfigError(
+            "give both run.prices.input_usd_per_million and output_usd_per_million (0 for a "
+            "side that is free), or neither",
+            path=source,
+            field=f"run.prices.{missing}_usd_per_million",
+        )
+    if cfg.run.budget.usd is not None and not all(given):
+        raise ConfigError(
+            "run.budget.usd needs the backend's prices: set run.prices.input_usd_per_million "
+            "and output_usd_per_million",
+            path=source,
+            field="run.budget.usd",
+        )
     if r.min_items > r.max_items:
         raise ConfigError(
             f"rubrics.min_items ({r.min_items}) exceeds rubrics.max_items ({r.max_items}); "

@@ -52,6 +52,26 @@ class StageError(PipelineError):
     """A stage cannot run (missing input stage, too many failed requests...)."""
 
 
+class BudgetReached(PipelineError):
+    """A stage stopped before a request could cross ``run.budget``: what was in flight was
+    answered and kept; the stage is left unfinished. ``stats``: the runner's figures of the
+    stage so far; ``spent``: the run's spending (requests, tokens, usd) it was checked on."""
+
+    # the exit status of a run stopped by its budget (docs/errors.md)
+    EXIT_STATUS = 4
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stats: dict | None = None,
+        spent: dict | None = None,
+    ) -> None:
+        self.stats = stats or {}
+        self.spent = spent or {}
+        super().__init__(message)
+
+
 class RunDirError(PipelineError):
     """A run directory's data is damaged or inconsistent; the message names the file and
     the command that repairs it."""

@@ -18,6 +18,12 @@ an answer still invalid after its re-asks is recorded in the cache's errors tabl
 reported as a pending failure, retried on the next run. After ``invalid_retry_runs``
 earlier runs failed the same way (a deterministic model gives the same answer) the
 failure is final and the stage records it as such.
+
+Budget (pipeline/budget.py): with ``run.budget`` set, a request is sent only while the
+run's spending plus a bound of everything in flight stays within it. A request that does
+not fit waits (and no more input is taken) until answers in flight make room; when nothing
+is in flight and it still does not fit, the runner stops: everything answered has been
+handed over and committed, and it raises BudgetReached.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from pipeline.backends.base import Backend, RequestFeed
+from pipeline.budget import Budget
 from pipeline.cache import INVALID_PREFIX, RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError, StageError
@@ -164,6 +171,7 @@ class LLMRunner:
         lookup_batch: int = 512,
         commit_batch: int = 256,
         text_reasks: int = TEXT_REASKS,
+        budget: Budget | None = None,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -181,6 +189,8 @@ class LLMRunner:
         self.progress: Progress | None = progress if isinstance(progress, Progress) else None
         self._progress_enabled = bool(progress)
         self._pushed: deque[Job] = deque()
+        self.budget = budget  # run.budget: checked in _send, settled in _receive
+        self._held: deque[_Flight] = deque()  # requests waiting for room in the budget
 
     # ---- public ------------------------------------------------------------------------
     def replayed(self, requests: int, reasks: int = 0, expected: int = 0) -> None:
@@ -234,8 +244,10 @@ class LLMRunner:
                 # 1. admit jobs while the window has room: in flight and answered but not
                 # yet handed over both count, or a fully cached input would be read whole
                 # before the first outcome is yielded
-                while len(self._flights) + len(self._ready) < self.window and (
-                    self._pushed or not exhausted
+                while (
+                    len(self._flights) + len(self._ready) < self.window
+                    and (self._pushed or not exhausted)
+                    and not self._held
                 ):
                     batch: list[Job] = []
                     while self._pushed and len(batch) < self.lookup_batch:
@@ -255,6 +267,12 @@ class LLMRunner:
                     continue
                 # 3. finished?
                 if not self._flights:
+                    if self._held:
+                        # nothing in flight: the budget cannot make more room than now
+                        self._release()
+                        if self._flights:
+                            continue
+                        break
                     if self._pushed or not exhausted:
                         continue
                     break
@@ -264,6 +282,8 @@ class LLMRunner:
                 while len(arrived) < self.commit_batch and not self._results.empty():
                     arrived.append(self._results.get_nowait())
                 self._receive(arrived)
+                if self._held:
+                    self._release()
         finally:
             self._feed.close()
             if not pump.done():
@@ -272,6 +292,9 @@ class LLMRunner:
             self.stats.seconds += time.perf_counter() - start
             if self._own_progress and self.progress is not None:
                 self.progress.close()
+        if self.budget is not None and self._held:
+            # everything that was in flight is answered, handed over and committed
+            raise self.budget.reached(self.stage, self.stats.as_dict())
         if self._replay_missing:
             raise BackendError(
                 f"replay: {self._replay_missing} of {self.stats.requests} requests of stage "
@@ -289,6 +312,18 @@ class LLMRunner:
             self._results.put_nowait(exc)
 
     def _send(self, flight: _Flight) -> None:
+        if self.budget is not None and (self._held or not self.budget.admit(flight.request)):
+            self._held.append(flight)  # waits until answers in flight make room
+            return
+        self._dispatch(flight)
+
+    def _release(self) -> None:
+        """Send the held requests that fit in the budget now, in order."""
+        assert self.budget is not None
+        while self._held and self.budget.admit(self._held[0].request):
+            self._dispatch(self._held.popleft())
+
+    def _dispatch(self, flight: _Flight) -> None:
         token = self._next_token
         self._next_token += 1
         self._flights[token] = flight
@@ -413,6 +448,8 @@ class LLMRunner:
             token, res = item
             flight = self._flights.pop(token)
             job = flight.job
+            if self.budget is not None:
+                self.budget.settle(flight.request, res)
             if isinstance(res, RequestFailure) and self.backend.name == "replay":
                 # nothing can answer it here; counted and reported once at the end
                 self._replay_missing += 1

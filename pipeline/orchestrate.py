@@ -23,7 +23,7 @@ from importlib import metadata
 from typing import Any
 
 from pipeline.config import Config
-from pipeline.errors import ConfigError, StageError
+from pipeline.errors import BudgetReached, ConfigError, StageError
 from pipeline.ids import content_hash
 from pipeline.io import remove_strays
 from pipeline.run import RunDir, RunLock, StageDir
@@ -321,9 +321,24 @@ def _act(
     sd.contract = set(stage.writes)
     echo(f"[{name}] {'resuming' if resuming else 'running'} ({expected} examples)")
     t0 = time.perf_counter()
-    stats = stage.run(ctx, sd)
+    try:
+        stats = stage.run(ctx, sd)
+    except BudgetReached as exc:
+        # what finished is in its shards (the stage loop flushes on the way out); the
+        # stage stays unfinished, with this invocation's figures and the ledger
+        stopped = {
+            "stopped_by_budget": exc.spent,
+            "llm": exc.stats,
+            "seconds": round(time.perf_counter() - t0, 3),
+            "fingerprint": p.fingerprint,
+        }
+        stopped["ledger"] = _ledger(ctx, name, exc.stats)
+        sd.write_stats(stopped)
+        raise
     stats["seconds"] = round(time.perf_counter() - t0, 3)
     stats["fingerprint"] = p.fingerprint
+    if stage.uses_llm(ctx):
+        stats["ledger"] = _ledger(ctx, name, stats.get("llm"))
     if stats.get("pending_examples"):
         sd.write_stats(stats)
         llm = stats.get("llm") or {}
@@ -338,6 +353,14 @@ def _act(
     if "dropped_by_reason" in stats:
         echo(funnel(stats))
     return stats
+
+
+def _ledger(ctx: Context, name: str, llm: dict[str, Any] | None) -> dict[str, Any]:
+    """A stage's ledger for its stats.json (pipeline/budget.py)."""
+    from pipeline.budget import stage_ledger
+
+    prices = ctx.config.run.prices
+    return stage_ledger(ctx.cache, name, ctx.served_by_id, prices, llm)
 
 
 def summarize(stats: dict[str, Any]) -> str:

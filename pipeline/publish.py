@@ -847,6 +847,7 @@ def _summary(
             "unresolved": status.get("unresolved", 0),
         },
         "agreement": agreement,
+        "ledger": card_ledger(rd, config),
         "provenance": {
             "served_by": {k: {**v, "described": describe(v)} for k, v in served.items()},
             "generator_models": distinct("generator_model"),
@@ -860,6 +861,15 @@ def _summary(
             "publish_environment": _publish_versions(),
         },
     }
+
+
+def card_ledger(rd: RunDir, config: Config | None) -> dict[str, Any]:
+    """What building the run took, for the card's ledger section: per LLM stage, what its
+    backend answered over the run's life (pipeline/budget.py), with the cost at the run's
+    prices when they are set."""
+    from pipeline.budget import run_ledger
+
+    return run_ledger(rd, config.run.prices if config is not None else None)
 
 
 def _served_by(rd: RunDir) -> dict[str, dict[str, Any]]:

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("config", ["pipeline.config"]),
     ("storage and input", ["pipeline.run", "pipeline.cache", "pipeline.ingest"]),
-    ("engines", ["pipeline.backends", "pipeline.llm"]),
+    ("engines", ["pipeline.backends", "pipeline.budget", "pipeline.llm"]),
     ("stages", ["pipeline.stages"]),
     ("orchestration", ["pipeline.orchestrate", "pipeline.runsummary"]),
     (

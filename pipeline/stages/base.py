@@ -7,10 +7,11 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pipeline.backends.base import Backend
 from pipeline.cache import RequestCache
+from pipeline.chat import ChatRequest
 from pipeline.config import Config
 from pipeline.errors import StageError
 from pipeline.llm import LLMRunner
@@ -27,7 +28,11 @@ class Context:
     fingerprints: dict[str, str] = field(default_factory=dict)
     _cache: RequestCache | None = None
     _served_by: dict[str, Any] | None = None
+    _served_by_id: tuple[dict[str, Any], str] | None = None  # (identity, its id), memoised
     warnings: list[str] = field(default_factory=list)
+    # `prb plan` only: rows a stage's input would hold, by stage, where that stage's
+    # folder does not hold them yet (Stage.input_rows reads these instead)
+    planned_rows: dict[str, list[dict]] | None = None
 
     @property
     def served_by(self) -> dict[str, Any]:
@@ -39,10 +44,14 @@ class Context:
 
     @property
     def served_by_id(self) -> str:
-        """The id every request of this run carries (``ChatRequest.served_by``)."""
+        """The id every request of this run carries (``ChatRequest.served_by``); hashed
+        once per identity, not once per request."""
         from pipeline.backends.identity import identity_id
 
-        return identity_id(self.served_by)
+        ident = self.served_by
+        if self._served_by_id is None or self._served_by_id[0] is not ident:
+            self._served_by_id = (ident, identity_id(ident))
+        return self._served_by_id[1]
 
     def served_by_setting(self) -> dict[str, Any]:
         """The identity as a stage's settings hold it: only what is keyed, so a note on
@@ -61,10 +70,12 @@ class Context:
     async def llm(self, stage: str) -> AsyncIterator[LLMRunner]:
         """A request runner for one stage, its backend opened inside the running loop."""
         from pipeline.backends.factory import make_backend
+        from pipeline.budget import make_budget
 
         b = self.config.backend
         backend: Backend = make_backend(b, self.run_dir.cache_path, self.config.resolve_input)
         self.cache.put_backend(self.served_by_id, self.served_by)
+        budget = make_budget(self.config, self.cache, self.served_by_id)
         try:
             yield LLMRunner(
                 backend,
@@ -74,6 +85,7 @@ class Context:
                 abort_after_failures=b.abort_after_failures,
                 progress=self.progress,
                 invalid_retry_runs=b.invalid_retry_runs,
+                budget=budget,
             )
         finally:
             await backend.aclose()
@@ -82,6 +94,36 @@ class Context:
         if self._cache is not None:
             self._cache.close()
             self._cache = None
+
+
+@dataclass
+class PlannedExample:
+    """What a stage would do for one example (``prb plan``, pipeline/plan.py)."""
+
+    example_id: str
+    # the first attempts the stage sends for it: the same requests `run` builds
+    requests: list[ChatRequest]
+    # the rows it would write; answers not known yet are placeholders
+    rows: list[dict] = field(default_factory=list)
+    # requests a finished row kept in the cache stands for (the judge's memo): all cached
+    replayed: int = 0
+    # True: built from placeholder inputs or a guessed shortlist, so the prompts (not the
+    # number of requests) are estimates
+    estimated: bool = False
+    # True: ``rows`` hold placeholder text where answers are not in the cache yet
+    placeholders: bool = False
+
+
+class Placeholders(Protocol):
+    """Text standing in for answers that do not exist yet (``prb plan``)."""
+
+    def answer(self) -> str:
+        """A candidate answer of the expected length."""
+        ...
+
+    def aspects(self) -> list[dict[str, str]]:
+        """A generated rubric's items, of the expected number and length."""
+        ...
 
 
 class Stage(abc.ABC):
@@ -115,8 +157,19 @@ class Stage(abc.ABC):
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
         """Produce the stage's shards in ``out``; return stats. Resume from ``out``'s shards."""
 
+    def plan_examples(
+        self, ctx: Context, done: AbstractSet[str], placeholders: Placeholders
+    ) -> Iterator[PlannedExample]:
+        """For ``prb plan``: what this stage would send and write for each example of its
+        input not in ``done``, built by the same code ``run`` uses. Reads only (the cache
+        through ``ctx.cache``, which a plan opens read-only). A stage that sends no request
+        and whose rows no later LLM stage reads has nothing to say."""
+        return iter(())
+
     # helpers -------------------------------------------------------------------------
     def input_rows(self, ctx: Context, stage: str) -> Iterator[dict]:
+        if ctx.planned_rows is not None and stage in ctx.planned_rows:
+            return iter(ctx.planned_rows[stage])
         return self.input_stage(ctx, stage).rows()
 
     def input_stage(self, ctx: Context, stage: str) -> StageDir:

@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import itertools
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from pipeline.llm import Answer, Failure, Job, LLMRunner
 from pipeline.prompts import load_template
 from pipeline.rules.verdicts import a_side, margin, shown_side
 from pipeline.run import StageDir
-from pipeline.stages.base import Context, Stage
+from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
 
 TEMPLATES = {
@@ -211,18 +212,6 @@ class JudgeStage(Stage):
         n_examples = self.expected(ctx) - len(done)
         salt = self.memo_salt(ctx)
 
-        def grouped() -> Iterator[list[dict]]:
-            """Candidates of one example at a time (a shard holds an example's rows
-            together)."""
-            current: list[dict] = []
-            for cand in self.input_rows(ctx, "responses"):
-                if current and cand["example_id"] != current[0]["example_id"]:
-                    yield current
-                    current = []
-                current.append(cand)
-            if current:
-                yield current
-
         memo_new: list[tuple[str, str, Any]] = []
         memo_hits = 0
         # progress: the pointwise requests (two per candidate) are known from the config;
@@ -241,7 +230,7 @@ class JudgeStage(Stage):
         def jobs(runner: LLMRunner) -> Iterator[Job]:
             nonlocal memo_hits
             block: list[list[dict]] = []
-            for cands in itertools.chain(grouped(), [None]):
+            for cands in itertools.chain(self._grouped(ctx), [None]):
                 if cands is not None:
                     if cands[0]["example_id"] not in done:
                         block.append(cands)
@@ -306,6 +295,60 @@ class JudgeStage(Stage):
             "rows_from_cache": memo_hits,
             "llm": llm_stats,
         }
+
+    def _grouped(self, ctx: Context) -> Iterator[list[dict]]:
+        """Candidates of one example at a time (a shard holds an example's rows together)."""
+        current: list[dict] = []
+        for cand in self.input_rows(ctx, "responses"):
+            if current and cand["example_id"] != current[0]["example_id"]:
+                yield current
+                current = []
+            current.append(cand)
+        if current:
+            yield current
+
+    # ---- prb plan (pipeline/plan.py) ---------------------------------------------------
+    def plan_examples(
+        self, ctx: Context, done: AbstractSet[str], placeholders: Placeholders
+    ) -> Iterator[PlannedExample]:
+        """The pointwise requests ``run`` sends for each example and the pairwise ones of
+        its shortlist. The shortlist is the one ``run`` picks when every pointwise answer is
+        in the cache; otherwise the first combinations stand in for it (as many pairs, so
+        the count is exact; the prompts are estimates). An example whose row is kept whole
+        in the cache (the memo) sends none of them."""
+        questions = {e["example_id"]: e["question"] for e in self.input_rows(ctx, "ingest")}
+        items = {
+            r["example_id"]: [{"item_id": i["item_id"], "aspect": i["aspect"]} for i in r["items"]]
+            for r in self.input_rows(ctx, "rubrics")
+        }
+        salt = self.memo_salt(ctx)
+        for cands in self._grouped(ctx):
+            ex_id = cands[0]["example_id"]
+            if ex_id in done:
+                continue
+            mkey = self.memo_key(salt, questions, items, cands)
+            memo = ctx.cache.get_derived_many([mkey]).get(mkey)
+            ex = _Judged(questions[ex_id], items[ex_id], cands, mkey)
+            pointwise = self._pointwise_jobs(ctx, ex)
+            hits = ctx.cache.get_many(j.request.key for j in pointwise)
+            guessed = False
+            try:
+                for job in pointwise:
+                    hit = hits.get(job.request.key)
+                    if hit is None or job.validate is None:
+                        raise ValueError("not cached")
+                    answer = Answer(
+                        hit, [job.validate(job.request, hit.choices[0].text)], job.request
+                    )
+                    kind, cid = job.tag
+                    target = ex.quality if kind == "quality" else ex.coverage
+                    target[cid] = self._pointwise_row(kind, answer)
+            except ValueError:
+                ex.quality, ex.coverage, guessed = {}, {}, True
+            ex.pairs = self._shortlist(ctx, ex_id, ex)
+            requests = [j.request for j in pointwise + self._pairwise_jobs(ctx, ex)]
+            replayed = int(memo["requests"]) if memo is not None else 0
+            yield PlannedExample(ex_id, requests, replayed=replayed, estimated=guessed)
 
     @staticmethod
     def _record_pairwise(ex: _Judged, key: tuple, outcome: Answer | Failure) -> None:

@@ -14,20 +14,21 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 from rapidfuzz import fuzz, process
 from rapidfuzz.utils import default_process
 
-from pipeline.chat import ChatRequest
+from pipeline.chat import ChatRequest, ChatResult, Choice
 from pipeline.fields import count_words
 from pipeline.ids import content_hash, stable_id
 from pipeline.llm import Answer, Failure, Job
 from pipeline.prompts import PromptTemplate, load_template
 from pipeline.records import ranked_posts
 from pipeline.run import StageDir
-from pipeline.stages.base import Context, Stage
+from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
 
 TEMPLATES = {
@@ -222,7 +223,8 @@ class ResponseStage(Stage):
         donors = ctx.cache.get_derived(key)
         if donors is None:
             donors = find_donors(pool)
-            ctx.cache.put_derived(key, "donors", donors)
+            if not ctx.cache.readonly:  # `prb plan` reads the cache, never writes it
+                ctx.cache.put_derived(key, "donors", donors)
         return donors
 
     def example_jobs(
@@ -384,6 +386,33 @@ class ResponseStage(Stage):
             await loop.drive(runner, jobs(), on_outcome, on_complete, total=todo * per_example)
             llm_stats = runner.stats.as_dict()
         return self._stats(out, llm_stats, len(done), loop.pending, skipped)
+
+    # ---- prb plan (pipeline/plan.py) ---------------------------------------------------
+    def plan_examples(
+        self, ctx: Context, done: AbstractSet[str], placeholders: Placeholders
+    ) -> Iterator[PlannedExample]:
+        """The requests ``run`` sends for each example (``example_jobs``) and the candidate
+        rows it would write (``_rows``): from the cached answer where the cache has one, else
+        from a placeholder answer of the expected length."""
+        rubrics = self.load_rubrics(ctx, self)
+        donors = self.donors(ctx, rubrics)
+        skipped: Counter = Counter()
+        for ex in self.input_rows(ctx, "ingest"):
+            ex_id = ex["example_id"]
+            if ex_id not in rubrics or ex_id in done:
+                continue
+            ex_jobs, requests = self.example_jobs(ctx, ex, rubrics, donors, skipped)
+            state = _Example(ex["user_id"], rubrics[ex_id], ex_jobs, requests)
+            hits = ctx.cache.get_many(r.key for r in requests)
+            guessed = False
+            for k, req in enumerate(requests):
+                result = hits.get(req.key)
+                if result is None or len(result.choices) != req.n:
+                    text, guessed = placeholders.answer(), True
+                    result = ChatResult([Choice(text, "stop") for _ in range(req.n)])
+                state.rows.extend(self._rows(ctx, ex_id, state, k, Answer(result, [], req)))
+            rows = sorted(state.rows, key=lambda r: (r["strategy"], r["sample_index"]))
+            yield PlannedExample(ex_id, requests, rows, placeholders=guessed)
 
     def _stats(
         self, out: StageDir, llm: dict, resumed: int, pending: int, skipped: Counter

