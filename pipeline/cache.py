@@ -178,21 +178,29 @@ class RequestCache:
     def put(self, request: ChatRequest, result: ChatResult, stage: str) -> None:
         self.put_many([(request, result, stage)])
 
-    def put_many(self, items: Sequence[tuple[ChatRequest, ChatResult, str]]) -> None:
-        """Commit answers in one transaction; durable (against a killed process) on return."""
+    def put_many(self, items: Sequence[tuple[Any, ...]]) -> None:
+        """Commit answers, each ``(request, result, stage)`` or ``(request, result, stage,
+        re-asks)``, in one transaction; durable (against a killed process) on return. The
+        re-ask count is kept beside the request (``"reask"``, not part of its key) for the
+        ledger: a free-text retry carries no earlier answer to tell it by."""
         if not items:
             return
         now = time.time()
-        rows = [
-            (
-                req.key,
-                stage,
-                dumps(req.to_dict()).decode("utf-8"),
-                dumps(res.to_dict()).decode("utf-8"),
-                now,
+        rows = []
+        for item in items:
+            req, res, stage = item[:3]
+            request = req.to_dict()
+            if len(item) > 3 and item[3]:
+                request["reask"] = item[3]
+            rows.append(
+                (
+                    req.key,
+                    stage,
+                    dumps(request).decode("utf-8"),
+                    dumps(res.to_dict()).decode("utf-8"),
+                    now,
+                )
             )
-            for req, res, stage in items
-        ]
         self._commit(
             "INSERT OR IGNORE INTO responses(key, stage, request, response, created) "
             "VALUES (?,?,?,?,?)",
@@ -313,7 +321,8 @@ class RequestCache:
             "SUM(json_array_length(response, '$.choices')), "
             "SUM(json_extract(response, '$.prompt_tokens')), "
             "SUM(json_extract(response, '$.completion_tokens')), "
-            'SUM(instr(request, \'"role":"assistant"\') > 0), MIN(created), MAX(created) '
+            "SUM(instr(request, '\"role\":\"assistant\"') > 0 "
+            "OR COALESCE(json_extract(request, '$.reask'), 0) > 0), MIN(created), MAX(created) "
             f"FROM responses {'WHERE stage = ?' if stage is not None else ''} GROUP BY 1, 2"
         )
         cols = (

@@ -134,6 +134,14 @@ def json_validator(
     return validate
 
 
+def text_retry(req: ChatRequest) -> ChatRequest | None:
+    """The request an unfinished free-text answer is asked again with: the same messages,
+    twice the tokens (up to MAX_TOKENS_CAP); None when there is no more room. The runner
+    sends it, and ``prb plan`` counts it, through this one function."""
+    more = min(req.max_tokens * 2, MAX_TOKENS_CAP)
+    return replace(req, max_tokens=more) if more > req.max_tokens else None
+
+
 def reask_request(req: ChatRequest, bad: str, error: str, finish_reason: str) -> ChatRequest:
     """The same request with the invalid answer and the reason appended; it keeps ``n``, so
     the answer that finally validates has as many choices as the stage asked for. A cut-off
@@ -407,8 +415,8 @@ class LLMRunner:
         ``result`` is the answer, kept as it is (its finish reason says it is cut): a fresh
         one is returned for the caller to store, a cached one is finished here."""
         job = flight.job
-        more = min(flight.request.max_tokens * 2, MAX_TOKENS_CAP)
-        if flight.reasks >= self.text_reasks or more <= flight.request.max_tokens:
+        retry = text_retry(flight.request)
+        if flight.reasks >= self.text_reasks or retry is None:
             if cached:
                 self.stats.cached += 1
                 answer = Answer(result, [], flight.request, cached=True, reasks=flight.reasks)
@@ -418,7 +426,7 @@ class LLMRunner:
         self.stats.reasks += 1
         if finish == "length":
             self.stats.length_reasks += 1
-        nxt = _Flight(job, replace(flight.request, max_tokens=more), flight.reasks + 1)
+        nxt = _Flight(job, retry, flight.reasks + 1)
         hit = self.cache.get(nxt.request.key)
         if hit is None:
             self._send(nxt)
@@ -438,7 +446,7 @@ class LLMRunner:
 
     def _receive(self, arrived: list[Any]) -> None:
         st = self.stats
-        to_cache: list[tuple[ChatRequest, ChatResult, str]] = []
+        to_cache: list[tuple[ChatRequest, ChatResult, str, int]] = []
         errors: list[tuple[ChatRequest, str, str, int]] = []
         answered: list[tuple[Any, Answer, int]] = []
         failed: list[tuple[Any, Failure]] = []
@@ -477,7 +485,7 @@ class LLMRunner:
                     continue
                 err = None
             if err is None:
-                to_cache.append((flight.request, res, self.stage))
+                to_cache.append((flight.request, res, self.stage, flight.reasks))
                 answered.append(
                     (job.tag, Answer(res, parsed, flight.request, reasks=flight.reasks),
                      res.completion_tokens)

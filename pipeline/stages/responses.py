@@ -24,9 +24,10 @@ from rapidfuzz.utils import default_process
 from pipeline.chat import ChatRequest, ChatResult, Choice
 from pipeline.fields import count_words
 from pipeline.ids import content_hash, stable_id
-from pipeline.llm import Answer, Failure, Job
+from pipeline.llm import Answer, Failure, Job, text_retry
 from pipeline.prompts import PromptTemplate, load_template
 from pipeline.records import ranked_posts
+from pipeline.rules.text import unfinished
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
@@ -148,6 +149,13 @@ class _Job:
     honours: list[str]
     violates: list[str]
     extra: dict[str, Any]
+
+
+def _retry_of(req: ChatRequest, result: ChatResult) -> ChatRequest | None:
+    """The retry the runner sends for a free-text answer that is not finished, if any."""
+    if any(unfinished(c.text, c.finish_reason) for c in result.choices):
+        return text_retry(req)
+    return None
 
 
 @dataclass
@@ -405,14 +413,24 @@ class ResponseStage(Stage):
             state = _Example(ex["user_id"], rubrics[ex_id], ex_jobs, requests)
             hits = ctx.cache.get_many(r.key for r in requests)
             guessed = False
+            planned = list(requests)
             for k, req in enumerate(requests):
                 result = hits.get(req.key)
+                answered = req
                 if result is None or len(result.choices) != req.n:
                     text, guessed = placeholders.answer(), True
                     result = ChatResult([Choice(text, "stop") for _ in range(req.n)])
-                state.rows.extend(self._rows(ctx, ex_id, state, k, Answer(result, [], req)))
+                elif (retry := _retry_of(req, result)) is not None:
+                    # a cached answer that is not finished is asked again once (llm.py)
+                    again = ctx.cache.get(retry.key)
+                    if again is None:
+                        planned.append(retry)
+                    else:
+                        result, answered = again, retry
+                answer = Answer(result, [], answered)
+                state.rows.extend(self._rows(ctx, ex_id, state, k, answer))
             rows = sorted(state.rows, key=lambda r: (r["strategy"], r["sample_index"]))
-            yield PlannedExample(ex_id, requests, rows, placeholders=guessed)
+            yield PlannedExample(ex_id, planned, rows, placeholders=guessed)
 
     def _stats(
         self, out: StageDir, llm: dict, resumed: int, pending: int, skipped: Counter
