@@ -27,7 +27,10 @@ end: trimmed (3 examples, n 1, two strategies) and/or in full.
 
     python benchmarks/local_model.py [--threads 1,2,4] [--repeats 3] [--examples 2]
         [--max-tokens 200] [--sweep] [--sweep-repeats 2] [--sample-run trimmed|full]...
-        [--out benchmarks/results/local_model.json]
+        [--skip-compare] [--update] [--out benchmarks/results/local_model.json]
+
+``--update`` keeps what --out already holds and replaces only the sections run now,
+recording that command under ``updates``.
 """
 
 from __future__ import annotations
@@ -310,13 +313,14 @@ def compare(args: argparse.Namespace, requests: list[ChatRequest], tmp: Path) ->
 
 
 def sweep(args: argparse.Namespace, requests: list[ChatRequest], tmp: Path) -> dict[str, Any]:
-    """The backend alone under other settings, at the first thread count; interleaved."""
+    """The backend alone under other settings than the defaults, at the first thread
+    count; interleaved."""
     t = args.threads[0]
     variants = {
         "default": {},
         "batch_size=128": {"batch_size": 128},
         "batch_size=2048": {"batch_size": 2048},
-        "context_length=8192": {"context_length": 8192},
+        "context_length=4096": {"context_length": 4096},
     }
     backends = {}
     for name, settings in variants.items():
@@ -406,6 +410,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also time the sample run on the local model (repeatable)",
     )
     ap.add_argument("--skip-compare", action="store_true")
+    ap.add_argument(
+        "--update",
+        action="store_true",
+        help="keep the other sections of --out; replace only those run now (listed, with "
+        "this command, under 'updates')",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     args.threads = [int(x) for x in args.threads.split(",")]
@@ -414,11 +424,14 @@ def main(argv: list[str] | None = None) -> None:
 
     built = build_requests(args.examples, args.n, args.max_tokens)
     requests = [r for r, _ in built]
+    command = "python benchmarks/local_model.py " + shlex.join(
+        sys.argv[1:] if argv is None else argv
+    )
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     result: dict[str, Any] = {
         "benchmark": "local_model",
-        "command": "python benchmarks/local_model.py "
-        + shlex.join(sys.argv[1:] if argv is None else argv),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "date": date,
         "machine": {
             "platform": platform.platform(),
             "cpus_usable": lb.default_threads(),
@@ -443,6 +456,25 @@ def main(argv: list[str] | None = None) -> None:
         },
         "defaults": BackendSection(name="llamacpp").llamacpp.model_dump(),
     }
+    if args.update and args.out.exists():
+        earlier = json.loads(args.out.read_text(encoding="utf-8"))
+        sections = [
+            x
+            for x, on in (
+                ("compare", not args.skip_compare),
+                ("sweep", args.sweep),
+                ("sample_run", bool(args.sample_run)),
+            )
+            if on
+        ]
+        update = {
+            "command": command,
+            "date": date,
+            "sections": sections,
+            "load_at_start": result["machine"]["load_at_start"],
+        }
+        earlier.setdefault("updates", []).append(update)
+        result = earlier
     with tempfile.TemporaryDirectory(prefix="prb-local-bench-") as tmp_name:
         tmp = Path(tmp_name)
         if not args.skip_compare:
@@ -455,7 +487,10 @@ def main(argv: list[str] | None = None) -> None:
             lb.shutdown_engines()
             result.setdefault("sample_run", {})[kind] = sample_run(tmp, kind)
             write_json_atomic(args.out, result)
-        result["machine"]["load_at_end"] = _load()
+        if args.update and "updates" in result:
+            result["updates"][-1]["load_at_end"] = _load()
+        else:
+            result["machine"]["load_at_end"] = _load()
         write_json_atomic(args.out, result)
     print(json.dumps(result.get("compare", {}).get("summary", {}), indent=1))
 

@@ -215,11 +215,21 @@ def test_a_relative_model_path_is_relative_to_the_config_file(
 def test_preflight_names_the_extra_and_checks_the_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    real = importlib.util.find_spec
+
+    def installed(yes: bool) -> None:  # llama_cpp installed or not, whatever this machine has
+        fake = types.SimpleNamespace(name="llama_cpp") if yes else None
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a: fake if name == "llama_cpp" else real(name, *a),
+        )
+
+    installed(True)
     with pytest.raises(BackendError, match="does not exist"):
         preflight(cfg_for(tmp_path / "missing.gguf"))
-    if HAVE_LLAMA_CPP:
-        assert preflight(cfg_for(gguf(tmp_path))) is None
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert preflight(cfg_for(gguf(tmp_path))) is None
+    installed(False)
     with pytest.raises(BackendError, match=r"personalized-rewardbench\[local\]"):
         preflight(cfg_for(gguf(tmp_path)))
 
