@@ -321,7 +321,7 @@ class RequestCache:
             "SUM(json_array_length(response, '$.choices')), "
             "SUM(json_extract(response, '$.prompt_tokens')), "
             "SUM(json_extract(response, '$.completion_tokens')), "
-            "SUM(instr(request, '\"role\":\"assistant\"') > 0 "
+            'SUM(instr(request, \'"role":"assistant"\') > 0 '
             "OR COALESCE(json_extract(request, '$.reask'), 0) > 0), MIN(created), MAX(created) "
             f"FROM responses {'WHERE stage = ?' if stage is not None else ''} GROUP BY 1, 2"
         )

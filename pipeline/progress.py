@@ -1,9 +1,11 @@
 """The progress line of a stage: requests done of expected, sent vs cached, failures,
-tokens, elapsed and remaining time. Shown only on a terminal; quiet otherwise."""
+tokens generated and their rate (tokens/s), elapsed and remaining time. Shown only on a
+terminal; quiet otherwise."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 
@@ -15,6 +17,7 @@ class Progress:
 
         self.stage = stage
         self.sent = self.cached = self.failed = self.tokens = 0
+        self._start = time.monotonic()
         show = enabled and sys.stderr.isatty()
         self._bar = tqdm(
             total=total,
@@ -43,14 +46,24 @@ class Progress:
             self.sent += n
         self.tokens += tokens
         self._bar.update(n)
-        self._bar.set_postfix_str(
-            f"sent {self.sent} cached {self.cached} failed {self.failed} tokens {self.tokens}",
-            refresh=False,
+        self._bar.set_postfix_str(self.postfix(), refresh=False)
+
+    def tokens_per_s(self) -> float:
+        """Answer tokens generated per second since the stage began (cached answers add
+        none): the engine's speed as this stage sees it."""
+        elapsed = time.monotonic() - self._start
+        return self.tokens / elapsed if elapsed > 0 else 0.0
+
+    def postfix(self) -> str:
+        return (
+            f"sent {self.sent} cached {self.cached} failed {self.failed} "
+            f"tokens {self.tokens} ({self.tokens_per_s():.1f} tok/s)"
         )
 
     def summary(self) -> dict[str, Any]:
         return {"sent": self.sent, "cached": self.cached, "failed": self.failed,
-                "tokens": self.tokens}  # fmt: skip
+                "tokens": self.tokens,
+                "tokens_per_s": round(self.tokens_per_s(), 1)}  # fmt: skip
 
     def close(self) -> None:
         self._bar.close()

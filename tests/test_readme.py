@@ -54,6 +54,11 @@ NOT_RUN: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"keep-torch\.txt"), "part of the vLLM install on a GPU machine"),
     (re.compile(r"^vllm serve\b|backend\.name=vllm|engine=vllm"), "needs a GPU and vLLM"),
     (re.compile(r"^ray start\b|backend\.name=ray"), "needs the ray extra and a cluster"),
+    (
+        re.compile(r"backend\.name=llamacpp"),
+        "needs the local extra (compiled) and minutes of CPU; tests/test_e2e_local_model.py "
+        "runs the pipeline on it",
+    ),
     (re.compile(r"scripts/gpu_e2e\.sh|^source \.gpu/"), "needs a GPU"),
     (re.compile(r"^OPENAI_API_KEY="), "needs a real server"),
     (re.compile(r"prb annotate (serve|import)\b"), "needs a Label Studio server"),

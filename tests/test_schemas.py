@@ -5,6 +5,7 @@ runner applies agrees with the jsonschema package."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from typing import Any
 
@@ -15,6 +16,7 @@ from conftest import write_config
 from pipeline import schemas
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
+from pipeline.ids import stable_id
 from pipeline.orchestrate import run_pipeline
 
 
@@ -208,3 +210,289 @@ def test_a_model_that_stays_repetitive_is_rejected_after_the_reasks(tmp_path):
         stats = run_pipeline(load_config(cfg), until="rubrics", progress=False)["rubrics"]
         assert srv.request_count == 24  # each example: the request and one re-ask
     assert stats["rubrics"] == 0 and stats["reject_reasons"] == {"too_few_items": 12}
+
+
+# ---- what the grammar engines enforce ---------------------------------------------------
+#
+# A constrained decoder only guarantees what its converter turns into grammar rules; a
+# keyword it drops is not enforced, so an answer that breaks it reaches our validator and
+# fails the request. Every keyword a stage's schema uses must be enforced by llama.cpp's
+# converter (llama_cpp/llama_grammar.py, SchemaConverter.visit) and by xgrammar's (vLLM's
+# default structured-output backend), or be listed in UNENFORCED_OK with the reason.
+#
+# From the converters' source: llama.cpp 0.3.36 turns type, properties, required,
+# additionalProperties, enum/const, items with minItems/maxItems, and minLength/maxLength
+# into rules; it ignores minimum/maximum/exclusive*/multipleOf ("TODO: support minimum,
+# maximum" in visit()) and uniqueItems, and lets raw control characters into strings
+# (its `char` rule is [^"\\]), which schemas.parse accepts. xgrammar 0.2.8 enforces the
+# same and numeric bounds; vLLM 0.26.0 sends a schema with uniqueItems, contains,
+# min/maxContains, multipleOf, patternProperties or propertyNames to llguidance instead
+# (vllm/v1/structured_output/backend_xgrammar.py: has_xgrammar_unsupported_json_features).
+# The tables are held to the engines' behaviour below: for every keyword a schema uses,
+# an answer that breaks only that keyword must be refused by the engine's grammar.
+ENFORCED = {
+    "llama.cpp": {"type", "properties", "required", "additionalProperties", "enum",
+                  "items", "minItems", "maxItems", "minLength", "maxLength"},
+    "xgrammar": {"type", "properties", "required", "additionalProperties", "enum", "items",
+                 "minItems", "maxItems", "minLength", "maxLength", "minimum", "maximum"},
+}  # fmt: skip
+# Keywords that constrain nothing (documentation only).
+ANNOTATIONS = {"title", "description"}
+# engine -> {keyword: why it is acceptable that the engine does not enforce it}. Empty:
+# the scores are enums (not minimum/maximum) and rubrics carry no uniqueItems.
+UNENFORCED_OK: dict[str, dict[str, str]] = {"llama.cpp": {}, "xgrammar": {}}
+
+ITEM_IDS = ["a" + stable_id("ex", i, length=10) for i in range(3)]
+
+
+def stage_schemas() -> list[tuple[str, dict[str, Any]]]:
+    """Every schema the stages send, built the way they build them, for a few settings."""
+    out = []
+    for m, cap in ((384, 300), (1024, 300), (4096, 120)):
+        out.append((f"quality/{m}", schemas.quality_schema(m, cap)))
+        out.append((f"pairwise/{m}", schemas.pairwise_schema(m, cap)))
+        out.append((f"coverage/{m}", schemas.coverage_schema(ITEM_IDS, m, cap)[0]))
+    out.append(("coverage/1item", schemas.coverage_schema(ITEM_IDS[:1], 1024)[0]))
+    out.append(("rubric/2-6", schemas.rubric_schema(2, 6, 2048)))
+    out.append(("rubric/1-10", schemas.rubric_schema(1, 10, 8192)))
+    return out
+
+
+def keywords(schema: dict[str, Any]) -> set[str]:
+    """The JSON Schema keywords used anywhere in ``schema`` (not property names)."""
+    return {k for _, node in _walk(schema) for k in node}
+
+
+def shortest_valid(schema: dict[str, Any]) -> Any:
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema["type"]
+    if kind == "object":
+        return {k: shortest_valid(v) for k, v in schema["properties"].items()}
+    if kind == "array":
+        return [shortest_valid(schema["items"]) for _ in range(max(schema.get("minItems", 0), 1))]
+    if kind == "string":
+        return "x" * max(schema.get("minLength", 0), 1)
+    if kind == "integer":
+        return schema.get("minimum", 0)
+    raise AssertionError(f"no example for {schema}")
+
+
+def _replace(value: Any, path: list[Any], new: Any) -> Any:
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {**value, head: _replace(value[head], rest, new)}
+    return [_replace(v, rest, new) if i == head else v for i, v in enumerate(value)]
+
+
+def _drop(value: dict, name: str) -> dict:
+    return {k: v for k, v in value.items() if k != name}
+
+
+def violations(schema: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """(keyword, where, instance) for answers that break exactly one keyword of one node."""
+    base = shortest_valid(schema)
+    out: list[tuple[str, str, Any]] = []
+
+    def visit(node: dict[str, Any], path: list[Any]) -> None:
+        where = "$" + "".join(f"[{p!r}]" for p in path)
+
+        def bad(keyword: str, new: Any) -> None:
+            out.append((keyword, where, _replace(base, path, new)))
+
+        if "enum" in node:
+            ints = [v for v in node["enum"] if isinstance(v, int)]
+            bad("enum", max(ints) + 1 if ints else "zz-not-listed")
+            if ints:
+                bad("enum", min(ints) - 1)
+            bad("type", "1" if node.get("type") == "integer" else 7)
+            return
+        kind = node["type"]
+        if kind == "object":
+            current = shortest_valid(node)
+            bad("type", "{}")
+            bad("additionalProperties", {**current, "zz_extra": 1})
+            for name, sub in node["properties"].items():
+                if name in node.get("required", []):
+                    bad("required", _drop(current, name))
+                visit(sub, [*path, name])
+        elif kind == "array":
+            item = shortest_valid(node["items"])
+            bad("type", "[]")
+            if node.get("minItems", 0) > 0:
+                bad("minItems", [item] * (node["minItems"] - 1))
+            if "maxItems" in node:
+                bad("maxItems", [item] * (node["maxItems"] + 1))
+            bad("items", [7] * max(node.get("minItems", 0), 1))
+            visit(node["items"], [*path, 0])
+        elif kind == "string":
+            bad("type", 7)
+            if "maxLength" in node:
+                bad("maxLength", "y" * (node["maxLength"] + 1))
+            if node.get("minLength", 0) > 0:
+                bad("minLength", "y" * (node["minLength"] - 1))
+        elif kind == "integer":
+            bad("type", "1")
+            if "minimum" in node:
+                bad("minimum", node["minimum"] - 1)
+            if "maximum" in node:
+                bad("maximum", node["maximum"] + 1)
+
+    visit(schema, [])
+    return out
+
+
+def _have(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _needs(module: str, extra: str):
+    skip = pytest.mark.skipif(
+        not _have(module) and not os.environ.get("CI"),
+        reason=f"{module} is not installed (pip install 'personalized-rewardbench[{extra}]'); "
+        "CI runs this",
+    )
+    if module != "llama_cpp":
+        return skip
+    return lambda f: pytest.mark.llamacpp(skip(f))
+
+
+class LlamaCppGrammar:
+    """llama.cpp's own grammar sampler over the default model's vocabulary: does the
+    grammar built from a schema let a text through, token by token, and then stop?"""
+
+    def __init__(self) -> None:
+        import llama_cpp
+
+        from pipeline.backends.llamacpp_backend import DEFAULT_MODEL, resolve_model
+
+        self.lc = llama_cpp
+        self.llm = llama_cpp.Llama(
+            model_path=str(resolve_model(DEFAULT_MODEL)), vocab_only=True, verbose=False
+        )
+
+    def build(self, schema: dict[str, Any]) -> str:
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        gbnf = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)._grammar
+        sampler = self._sampler(gbnf)
+        assert sampler, "llama.cpp's grammar parser refused the converted schema"
+        self.lc.llama_sampler_free(sampler)
+        return gbnf
+
+    def _sampler(self, gbnf: str) -> Any:
+        return self.lc.llama_sampler_init_grammar(self.llm._model.vocab, gbnf.encode(), b"root")
+
+    def accepts(self, gbnf: str, text: str) -> bool:
+        import ctypes
+        import math
+
+        lc, eos = self.lc, self.llm.token_eos()
+        sampler = self._sampler(gbnf)
+        try:
+            tokens = self.llm.tokenize(text.encode(), add_bos=False, special=False)
+            for tok in [*tokens, eos]:
+                data = (lc.llama_token_data * 1)(lc.llama_token_data(tok, 0.0, 0.0))
+                cur = lc.llama_token_data_array(data, 1, -1, False)
+                lc.llama_sampler_apply(sampler, ctypes.byref(cur))
+                if math.isinf(data[0].logit):  # the grammar masked this token
+                    return False
+                if tok != eos:
+                    lc.llama_sampler_accept(sampler, tok)
+            return True
+        finally:
+            self.lc.llama_sampler_free(sampler)
+
+
+@pytest.fixture(scope="module")
+def llamacpp_grammar() -> LlamaCppGrammar:
+    return LlamaCppGrammar()
+
+
+def test_every_stage_schema_uses_only_keywords_each_engine_enforces():
+    """Fails when a stage's schema gains a keyword an engine would silently ignore."""
+    for name, schema in stage_schemas():
+        used = keywords(schema) - ANNOTATIONS
+        for engine, enforced in ENFORCED.items():
+            unenforced = used - enforced - set(UNENFORCED_OK[engine])
+            assert not unenforced, f"{name}: {engine} does not enforce {sorted(unenforced)}"
+    # vLLM 0.26.0 hands a schema with these to llguidance instead of xgrammar
+    routed_away = {"uniqueItems", "contains", "minContains", "maxContains", "multipleOf",
+                   "patternProperties", "propertyNames"}  # fmt: skip
+    assert not any(keywords(s) & routed_away for _, s in stage_schemas())
+
+
+def test_the_violation_probes_break_what_our_validator_checks():
+    # each probe must be a real violation, or the engine checks below prove nothing
+    for name, schema in stage_schemas():
+        probes = violations(schema)
+        covered = {k for k, _, _ in probes}
+        assert keywords(schema) - ANNOTATIONS - {"properties"} <= covered, name
+        schemas.parse(schema, json.dumps(shortest_valid(schema)))
+        for keyword, where, inst in probes:
+            with pytest.raises(ValueError):
+                schemas.parse(schema, json.dumps(inst))
+                pytest.fail(f"{name}: breaking {keyword} at {where} passed: {inst}")
+
+
+@_needs("llama_cpp", "local")
+def test_llamacpp_grammar_builds_and_refuses_every_violation(llamacpp_grammar):
+    g = llamacpp_grammar
+    for name, schema in stage_schemas():
+        gbnf = g.build(schema)
+        valid = shortest_valid(schema)
+        assert g.accepts(gbnf, json.dumps(valid)), name
+        assert g.accepts(gbnf, json.dumps(valid, separators=(",", ":"))), name
+        for keyword, where, inst in violations(schema):
+            if keyword in UNENFORCED_OK["llama.cpp"]:
+                continue
+            assert not g.accepts(gbnf, json.dumps(inst)), f"{name}: {keyword} at {where}"
+
+
+@_needs("llama_cpp", "local")
+def test_llamacpp_lets_raw_control_characters_through_and_parse_takes_them(llamacpp_grammar):
+    """Why schemas.parse is lenient: llama.cpp's string rule admits a raw newline or tab,
+    which strict JSON parsing rejects ("Invalid control character")."""
+    g = llamacpp_grammar
+    schema = schemas.pairwise_schema(1024)
+    text = '{"winner": "A", "rationale": "first line\nsecond\tline"}'
+    assert g.accepts(g.build(schema), text)
+    with pytest.raises(ValueError, match="Invalid control character"):
+        json.loads(text)
+    assert schemas.parse(schema, text)["rationale"] == "first line\nsecond\tline"
+
+
+@_needs("llama_cpp", "local")
+def test_llamacpp_ignores_numeric_bounds(llamacpp_grammar):
+    """Why scores are an enum: llama.cpp's converter drops minimum/maximum."""
+    g = llamacpp_grammar
+    bounded = {"type": "object", "properties": {"s": {"type": "integer", "minimum": 1,
+               "maximum": 5}}, "required": ["s"], "additionalProperties": False}  # fmt: skip
+    assert g.accepts(g.build(bounded), '{"s": 9}')
+    as_enum = {**bounded, "properties": {"s": {"type": "integer", "enum": [1, 2, 3, 4, 5]}}}
+    assert not g.accepts(g.build(as_enum), '{"s": 9}')
+    assert g.accepts(g.build(as_enum), '{"s": 5}')
+
+
+@_needs("xgrammar", "dev")
+def test_xgrammar_builds_and_refuses_every_violation():
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    for name, schema in stage_schemas():
+        # as vLLM 0.26.0 compiles it: compile_json_schema(schema, any_whitespace=True)
+        grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=True)
+        valid = shortest_valid(schema)
+        assert accepts(grammar, json.dumps(valid)), name
+        assert accepts(grammar, json.dumps(valid, separators=(",", ":"))), name
+        for keyword, where, inst in violations(schema):
+            if keyword in UNENFORCED_OK["xgrammar"]:
+                continue
+            assert not accepts(grammar, json.dumps(inst)), f"{name}: {keyword} at {where}"

@@ -396,5 +396,7 @@ def test_wrong_password_in_the_url_names_base_url(tmp_path, capsys):
 
 def test_ci_prints_test_durations():
     lines = (ROOT / ".ci" / "run").read_text().splitlines()
-    (pytest_line,) = [ln for ln in lines if "-m pytest" in ln]
-    assert pytest_line.endswith("-m pytest -q --durations=15")
+    pytest_lines = [ln for ln in lines if "-m pytest" in ln]
+    # the suite without the llama.cpp tests, then those once the extra is built
+    assert len(pytest_lines) == 2
+    assert all("--durations=" in ln for ln in pytest_lines)

@@ -21,12 +21,14 @@ def make_backend(
     if cfg.name == "replay":
         replay = resolve(cfg.replay_cache) if resolve and cfg.replay_cache else None
         return cls(cfg, cache_path=cache_path, replay_path=replay)
+    if cfg.name == "llamacpp":  # a relative GGUF path is relative to the config file
+        return cls(cfg, resolve=resolve)
     # the openai backend checks that its server answers before its first request, not
     # here: a stage whose answers are all cached needs no server
     return cls(cfg)
 
 
-_EXTRAS = {"vllm": ("vllm", "vllm"), "ray": ("ray", "ray")}
+_EXTRAS = {"vllm": ("vllm", "vllm"), "ray": ("ray", "ray"), "llamacpp": ("llama_cpp", "local")}
 
 
 def preflight(
@@ -35,10 +37,11 @@ def preflight(
     cached: bool = False,
 ) -> str | None:
     """Check that the configured backend can be built, without building it (loading a
-    vLLM model takes minutes): its extra is installed, its server answers, its replay
-    cache exists. Raises BackendError with what to install or fix. With ``cached`` (the run
-    has a request cache), an unreachable server is a warning, returned: the answers the
-    stages need may all be cached, and the first one that is not stops the stage."""
+    vLLM model takes minutes): its extra is installed, its server answers, its model file
+    (llamacpp) or replay cache exists. Raises BackendError with what to install or fix.
+    With ``cached`` (the run has a request cache), an unreachable server is a warning,
+    returned: the answers the stages need may all be cached, and the first one that is
+    not stops the stage."""
     import importlib.util
 
     from pipeline.errors import BackendError
@@ -52,6 +55,11 @@ def preflight(
                 f"pip install 'personalized-rewardbench[{extra}]'"
                 + (" on a machine with a CUDA GPU" if cfg.name == "vllm" else "")
             )
+        if cfg.name == "llamacpp":
+            # the model file is checked now (cheap), loading it waits for the first stage
+            from pipeline.backends.llamacpp_backend import resolve_model
+
+            resolve_model(cfg.model, resolve)
         if cfg.name == "ray" and cfg.ray.engine == "http":
             from pipeline.backends.openai_backend import check_reachable
 

@@ -200,6 +200,10 @@ def identify(
         return _vllm(cfg, "ray-vllm")
     if name == "vllm":
         return _vllm(cfg, "vllm")
+    if name == "llamacpp":
+        from pipeline.backends.llamacpp_backend import gguf_identity
+
+        return gguf_identity(cfg, resolve)
     if name == "replay":
         from pipeline.backends.replay import recorded_identity
 
