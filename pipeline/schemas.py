@@ -34,17 +34,18 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+from pipeline.fields import COVERAGE_MAX, COVERAGE_MIN, DIMENSIONS, QUALITY_MAX, QUALITY_MIN
 from pipeline.resources import data_dir
 
 # Share of max_tokens the longest valid answer may take; the rest is spare.
 FILL = 0.9
-# The quality score scale, as an enum (see the module docstring).
-SCORES = (1, 2, 3, 4, 5)
+# The score scales (pipeline/fields.py), as enums (see the module docstring).
+SCORES = tuple(range(QUALITY_MIN, QUALITY_MAX + 1))
+COVERAGE_SCORES = tuple(range(COVERAGE_MIN, COVERAGE_MAX + 1))
 # Shortest useful free text: below these a config cannot hold a sensible answer.
 MIN_RATIONALE = 40
 MIN_ASPECT = 40
 MIN_EVIDENCE = 20
-DIMENSIONS = ("correctness", "relevance", "helpfulness")
 VERDICTS = ("A", "B", "tie")
 
 
@@ -137,7 +138,7 @@ def coverage_schema(
     since the schema bounds the answer anyway."""
 
     def build(n: int) -> dict[str, Any]:
-        scores = _closed({i: {"type": "integer", "enum": [0, 1, 2]} for i in item_ids})
+        scores = _closed({i: {"type": "integer", "enum": list(COVERAGE_SCORES)} for i in item_ids})
         rationales = _closed({i: {"type": "string", "maxLength": n} for i in item_ids})
         return _closed({"scores": scores, "rationales": rationales})
 
