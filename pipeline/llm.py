@@ -458,8 +458,12 @@ class LLMRunner:
             st.completion_tokens += res.completion_tokens
             parsed, err, bad, finish = self._check(job.request, res, job.validate)
             if err is not None and job.validate is None:
-                # free text: asked again once with more tokens; past that, kept as it is
+                # free text: asked again once with more tokens; past that, kept as it is.
+                # The unfinished answer is stored too, under its own request (its finish
+                # reason says what it is): a re-run finds it, then its retry, and sends
+                # nothing. It is never handed over as an answer while a retry is due.
                 if self._retry_text(flight, res, finish) is None:
+                    to_cache.append((flight.request, res, self.stage, flight.reasks))
                     continue
                 err = None
             if err is None:
