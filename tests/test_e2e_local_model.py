@@ -188,3 +188,30 @@ def test_prb_run_publish_audit_on_the_local_model(tmp_path: Path):
     note = publish_and_audit(run_dir, result["stats"]["kept"])
     check_rerun_sends_nothing(config, run_dir, result)
     show("llamacpp SmolLM2-135M", result, note)
+
+
+@pytest.mark.slow
+@pytest.mark.llamacpp
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(
+    not HAVE_LLAMA_CPP and not os.environ.get("CI"),
+    reason="llama-cpp-python is not installed (pip install 'personalized-rewardbench[local]'); "
+    "CI runs this",
+)
+def test_quickstart_local_answers_the_four_examples_on_the_local_model(tmp_path: Path):
+    """`prb quickstart --local`: the quickstart's examples, answered by the packaged model
+    instead of replayed; what it keeps goes on to annotation, release and audit, and a
+    tiny model that keeps nothing ends with where to look instead."""
+    proc = prb("quickstart", "--local", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "out" / "quickstart-local"
+    assert f"run directory: {run_dir}" in proc.stdout
+    result = check_run(run_dir)
+    env = json.loads((run_dir / "environment.json").read_text())
+    assert env["served_by"]["kind"] == "llamacpp" and env["served_by"]["model_output"]
+    if result["stats"]["kept"]:
+        assert (run_dir / "publish" / "all").is_dir() and (run_dir / "report").is_dir()
+    else:
+        assert "kept no pair" in proc.stderr and "inspect" in proc.stdout
+        assert not (run_dir / "publish").exists()
+    show("quickstart --local", result, f"kept {result['stats']['kept']}")
