@@ -239,16 +239,24 @@ def _positive(text: str) -> float:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
+    from dataclasses import asdict
 
     from pipeline.config import load_config
     from pipeline.plan import estimate, render
 
     cfg = load_config(args.config, args.overrides)
-    plan = estimate(cfg, until=args.until, only=args.only, tokens_per_second=args.tokens_per_second)
+    kw = {"until": args.until, "only": args.only, "tokens_per_second": args.tokens_per_second}
+    plan = estimate(cfg, **kw)
+    # finished stages are compared with what a plan said before they ran
+    finished = any(e.action == "skip" and e.actual for e in plan.stages)
+    fresh = estimate(cfg, **kw, fresh=True) if finished else None
     if args.json:
-        print(json.dumps(plan.as_dict(), indent=2))
+        data = plan.as_dict()
+        if fresh is not None:
+            data["before_the_run"] = {e.stage: asdict(e.total) for e in fresh.stages}
+        print(json.dumps(data, indent=2))
     else:
-        print(render(plan))
+        print(render(plan, fresh))
     return 0
 
 

@@ -602,8 +602,11 @@ def estimate(
     until: str | None = None,
     only: str | None = None,
     tokens_per_second: float | None = None,
+    fresh: bool = False,
 ) -> Plan:
-    """Plan the run ``config`` describes; writes nothing, sends no request."""
+    """Plan the run ``config`` describes; writes nothing, sends no request. ``fresh``: as
+    if nothing had run yet (no run directory, no cache): what the plan said before the run,
+    which a finished stage's actual figures are compared with."""
     from pipeline.orchestrate import check_contracts, plan_stages
     from pipeline.stages import ORDER, STAGES
 
@@ -612,7 +615,8 @@ def estimate(
     last = ORDER.index(names[-1])
     stages: dict[str, Stage] = {n: STAGES.get(n)() for n in ORDER[: last + 1]}
     check_contracts(stages)
-    rd = RunDir(config.run_dir)
+    # a fresh plan looks at a run directory that is not there (nothing is created)
+    rd = RunDir(config.run_dir / ".prb-plan-fresh" if fresh else config.run_dir)
     ctx = Context(config=config, run_dir=rd, progress=False, planned_rows={})
     has_cache = rd.cache_path.is_file()
     ctx._cache = RequestCache(rd.cache_path, readonly=True) if has_cache else NoCache()
@@ -812,7 +816,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def render(plan: Plan) -> str:
+def render(plan: Plan, fresh: Plan | None = None) -> str:
     """The plan as a table for a terminal."""
     lines = [f"run: {plan.run_dir}", f"backend: {plan.backend}"]
     head = (
@@ -891,11 +895,13 @@ def render(plan: Plan) -> str:
     # a finished stage's estimate against what its backend answered (for a stage still
     # under way the ledger is only part of it)
     actual = [e for e in plan.stages if e.actual and e.action == "skip"]
+    before = {e.stage: e for e in fresh.stages} if fresh is not None else {}
     if actual:
         lines += [
             "",
-            "finished stages, estimate against actual (actual: this backend's answers in "
-            "cache.sqlite, re-asks included)",
+            "finished stages: the estimate a plan gives before the run (no cache, no run "
+            "directory) against what was received (this backend's answers in cache.sqlite, "
+            "re-asks included); output est: the expected tokens, else the max_tokens bound",
         ]
         lines.append(
             f"{'stage':11s}{'requests':>10s}{'answered':>10s}{'prompt est':>12s}"
@@ -903,10 +909,13 @@ def render(plan: Plan) -> str:
         )
         for e in actual:
             a = e.actual or {}
+            b = before.get(e.stage, e)
+            out_est = b.total.output_expected
+            shown = _n(out_est) if out_est is not None else f"<={b.total.output_bound:,}"
             lines.append(
-                f"{e.stage:11s}{e.total.requests:>10,}{a['answers']:>10,}"
-                f"{e.total.prompt_tokens:>12,}{a['prompt_tokens']:>10,}"
-                f"{_n(e.total.output_expected):>12s}{a['completion_tokens']:>10,}"
+                f"{e.stage:11s}{b.total.requests:>10,}{a['answers']:>10,}"
+                f"{b.total.prompt_tokens:>12,}{a['prompt_tokens']:>10,}"
+                f"{shown:>12s}{a['completion_tokens']:>10,}"
             )
     for e in plan.stages:
         if e.actual and e.action != "skip":
