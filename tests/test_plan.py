@@ -252,3 +252,25 @@ def test_a_gguf_model_is_counted_by_its_own_tokenizer(tmp_path):
     resp = _stage(plan, "responses")
     assert "llama.cpp" in resp.tokens and path.name in resp.tokens
     assert resp.to_send.requests == 60 and resp.to_send.prompt_tokens > 0
+
+
+def test_after_a_run_the_plan_compares_its_earlier_estimate_with_what_was_received(
+    tmp_path, server, capsys
+):
+    cfg = write_config(tmp_path, server)
+    assert main(["plan", str(cfg), "--json"]) == 0
+    before = {s["stage"]: s["total"] for s in json.loads(capsys.readouterr().out)["stages"]}
+    _run(cfg)
+    before_files = disk_state(tmp_path)
+    assert main(["plan", str(cfg), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert disk_state(tmp_path) == before_files  # the fresh plan created nothing either
+    for stage in ("responses", "judge"):
+        # the comparison's estimate is the plan made before the run, not a re-measurement
+        assert data["before_the_run"][stage] == before[stage]
+        actual = next(s["actual"] for s in data["stages"] if s["stage"] == stage)
+        assert actual["answers"] == before[stage]["requests"]
+        est, got = before[stage]["prompt_tokens"], actual["prompt_tokens"]
+        assert abs(est - got) <= 0.2 * got, (stage, est, got)
+    assert main(["plan", str(cfg)]) == 0
+    assert "the estimate a plan gives before the run" in capsys.readouterr().out
