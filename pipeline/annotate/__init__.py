@@ -154,7 +154,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     )
     left_out = s["skipped"]
     if left_out:
-        listing = Path(s["files"]) / "skipped.jsonl"
+        listing = s["skipped_file"]
         parts = [
             f"{n} {what}{'s' if n != 1 else ''}"
             for n, what in ((s["skipped_tasks"], "task"), (s["skipped_annotations"], "annotation"))

@@ -605,4 +605,4 @@ def summarize_round(
     write_jsonl_atomic(rnd.adjudication, adjudicate)
     write_jsonl_atomic(rnd.skipped, skipped)
     write_json_atomic(rnd.agreement, agreement)
-    return summary | {"skipped": skipped, "files": str(rnd.path)}
+    return summary | {"skipped": skipped, "files": str(rnd.path), "skipped_file": str(rnd.skipped)}
