@@ -355,6 +355,23 @@ class ResponseStage(Stage):
             )
         return rows
 
+    def _open_examples(
+        self,
+        ctx: Context,
+        done: AbstractSet[str],
+        rubrics: dict[str, dict[str, Any]],
+        donors: dict[str, str | None],
+        skipped: Counter,
+    ) -> Iterator[tuple[str, _Example]]:
+        """Each example still to do, with its requests (``example_jobs``): what ``_run``
+        sends and what ``plan_examples`` plans, from one walk over the ingest shards."""
+        for ex in self.input_rows(ctx, "ingest"):
+            ex_id = ex["example_id"]
+            if ex_id not in rubrics or ex_id in done:
+                continue
+            ex_jobs, requests = self.example_jobs(ctx, ex, rubrics, donors, skipped)
+            yield ex_id, _Example(ex["user_id"], rubrics[ex_id], ex_jobs, requests)
+
     async def _run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
         c = ctx.config
         done = out.done_examples()
@@ -368,13 +385,9 @@ class ResponseStage(Stage):
 
         def jobs() -> Iterator[Job]:
             # examples stream from the ingest shards; only those in flight are held
-            for ex in self.input_rows(ctx, "ingest"):
-                ex_id = ex["example_id"]
-                if ex_id not in rubrics or ex_id in done:
-                    continue
-                ex_jobs, requests = self.example_jobs(ctx, ex, rubrics, donors, skipped)
-                state = _Example(ex["user_id"], rubrics[ex_id], ex_jobs, requests)
-                yield from loop.start(ex_id, [Job(req, k) for k, req in enumerate(requests)], state)
+            for ex_id, state in self._open_examples(ctx, done, rubrics, donors, skipped):
+                jobs_ = [Job(req, k) for k, req in enumerate(state.requests)]
+                yield from loop.start(ex_id, jobs_, state)
 
         def on_outcome(st: OpenExample, k: int, outcome: Answer | Failure) -> list[Job]:
             ex: _Example = st.state
@@ -405,12 +418,8 @@ class ResponseStage(Stage):
         rubrics = self.load_rubrics(ctx, self)
         donors = self.donors(ctx, rubrics)
         skipped: Counter = Counter()
-        for ex in self.input_rows(ctx, "ingest"):
-            ex_id = ex["example_id"]
-            if ex_id not in rubrics or ex_id in done:
-                continue
-            ex_jobs, requests = self.example_jobs(ctx, ex, rubrics, donors, skipped)
-            state = _Example(ex["user_id"], rubrics[ex_id], ex_jobs, requests)
+        for ex_id, state in self._open_examples(ctx, done, rubrics, donors, skipped):
+            requests = state.requests
             hits = ctx.cache.get_many(r.key for r in requests)
             guessed = False
             planned = list(requests)
