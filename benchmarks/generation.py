@@ -246,7 +246,7 @@ def measure_backend(cfg: Config, requests: list[ChatRequest], cache_path: Path) 
 def measure_one(
     kind: str, cfg: Config, requests: list[ChatRequest], backend_cache: Path, base_url: str
 ) -> dict[str, Any]:
-    cfg.backend.base_url = base_url
+    cfg.backend.openai.base_url = base_url
     if kind == "backend":
         return measure_backend(cfg, requests, backend_cache)
     r = measure_stage(cfg)
@@ -291,7 +291,7 @@ def summarize(runs: list[dict[str, Any]], n_examples: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=500, help="synthetic examples to generate")
-    ap.add_argument("--concurrency", type=int, default=64, help="backend.max_concurrency")
+    ap.add_argument("--concurrency", type=int, default=64, help="backend.openai.max_concurrency")
     ap.add_argument("--latency-ms", type=float, default=200.0, help="server's median latency")
     ap.add_argument("--sigma", type=float, default=0.8, help="log-normal spread of the latency")
     ap.add_argument("--repeats", type=int, default=3, help="measurements of each (median)")

@@ -745,7 +745,7 @@ def targets(sizes: list[dict[str, Any]], grow: list[dict[str, Any]]) -> dict[str
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,10000,100000", help="comma-separated example counts")
-    ap.add_argument("--concurrency", type=int, default=64, help="backend.max_concurrency")
+    ap.add_argument("--concurrency", type=int, default=64, help="backend.openai.max_concurrency")
     ap.add_argument(
         "--max-seconds", type=float, default=3600.0, help="limit per stage (and bare client) run"
     )

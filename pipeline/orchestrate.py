@@ -30,12 +30,10 @@ from pipeline.run import RunDir, RunLock, StageDir
 from pipeline.stages import ORDER, STAGES
 from pipeline.stages.base import Context, Stage
 
+# besides each backend's own (Backend.libraries)
 _LIBS = (
     "personalized-rewardbench",
-    "openai",
-    "vllm",
     "torch",
-    "ray",
     "datasets",
     "pyarrow",
     "numpy",
@@ -50,21 +48,18 @@ _LIBS = (
 
 def library_versions() -> dict[str, str | None]:
     """Python, platform and library versions (from package metadata: nothing is imported)."""
+    from pipeline.backends import BACKENDS
+
     out: dict[str, str | None] = {
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
-    for lib in _LIBS:
+    for lib in dict.fromkeys([_LIBS[0], *BACKENDS.libraries(), *_LIBS[1:]]):
         try:
             out[lib] = metadata.version(lib)
         except metadata.PackageNotFoundError:
             out[lib] = None
-    try:
-        from pipeline.backends.vllm_backend import VERIFIED_VLLM_VERSION
-
-        out["vllm_verified_with"] = VERIFIED_VLLM_VERSION
-    except ImportError:  # pragma: no cover - the constant ships with the backend module
-        pass
+    out.update(BACKENDS.environment())
     return out
 
 
@@ -219,6 +214,12 @@ def _preflight(ctx: Context, plans: list[StagePlan], echo: Callable[[str], None]
 
         # bad input is refused before the run directory is created or changed
         check_input(ctx.config.input, ctx.config.resolve_input)
+    if any(p.stage.uses_llm(ctx) for p in plans):
+        from pipeline.backends.factory import check_installed
+
+        # said by the backend itself, before the first stage, also when every stage is
+        # done: a finished run answered "nothing to do" for a backend it could not run
+        check_installed(ctx.config.backend)
     if any(p.action != "skip" and p.stage.uses_llm(ctx) for p in plans):
         from pipeline.backends.factory import preflight
 
@@ -368,7 +369,9 @@ def summarize(stats: dict[str, Any]) -> str:
     parts = [f"{k}={stats[k]}" for k in keys[:6]]
     llm = stats.get("llm")
     if isinstance(llm, dict) and "requests" in llm:
-        sent = "replayed" if llm.get("backend") == "replay" else "sent"
+        from pipeline.backends import BACKENDS
+
+        sent = "sent" if BACKENDS.answers_new(str(llm.get("backend"))) else "replayed"
         parts.append(
             f"requests {llm['requests']} ({sent} {llm['sent']}, cached {llm['cached']}, "
             f"failed {llm['failed']})"

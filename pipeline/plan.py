@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.backends import BACKENDS
 from pipeline.budget import LLM_STAGES, cost_usd
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
@@ -158,57 +159,6 @@ def _hf_counter(name: str, local_files_only: bool = True) -> SampledCounter:
     return SampledCounter(count, text, f"the model's tokenizer (transformers, {name}; {how})")
 
 
-def _gguf_counter(path: Path) -> SampledCounter:
-    import llama_cpp
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-    vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    template = vocab.metadata.get("tokenizer.chat_template")
-    formatter = None
-    if template:
-
-        def token_text(i: int) -> str:
-            return vocab._model.token_get_text(i) if i >= 0 else ""
-
-        formatter = Jinja2ChatFormatter(
-            template=template,
-            eos_token=token_text(vocab.token_eos()),
-            bos_token=token_text(vocab.token_bos()),
-        )
-
-    def text(s: str) -> int:
-        return len(vocab.tokenize(s.encode("utf-8", "replace"), add_bos=False, special=False))
-
-    def count(req: ChatRequest) -> int:
-        if formatter is None:
-            return sum(text(c) + 5 for _, c in req.messages)
-        msgs: Any = req.message_dicts()
-        res = formatter(messages=msgs)
-        add_bos = not getattr(res, "added_special", False)
-        return len(
-            vocab.tokenize(res.prompt.encode("utf-8", "replace"), add_bos=add_bos, special=True)
-        )
-
-    how = "with its chat template" if formatter is not None else "contents, +5 tokens a message"
-    return SampledCounter(count, text, f"the GGUF's tokenizer (llama.cpp, {path.name}; {how})")
-
-
-def _gguf_path(config: Config, model: str) -> Path | None:
-    """The GGUF file a llama.cpp model names, when there is one."""
-    if config.backend.name == "llamacpp":
-        try:  # the in-process llama.cpp backend (pipeline/backends/llamacpp_backend.py)
-            import importlib
-
-            llamacpp_backend = importlib.import_module("pipeline.backends.llamacpp_backend")
-            return Path(llamacpp_backend.resolve_model(model, config.resolve_input))
-        except (ImportError, PipelineError):
-            return None
-    if model.endswith(".gguf"):
-        path = config.resolve_input(Path(model).expanduser())
-        return path if path is not None and path.is_file() else None
-    return None
-
-
 def _hf_local(model: str) -> tuple[str, bool] | None:
     """(what to load, local files only) for a model whose tokenizer is on this machine: a
     model folder, or a name in the Hugging Face cache."""
@@ -234,16 +184,12 @@ def choose_counter(
     notes: list[str] = []
     if identity.get("kind") == "stand-in":
         return WordCounter(), notes
-    gguf = _gguf_path(config, model)
-    if gguf is not None:
-        try:
-            return _gguf_counter(gguf), notes
-        except ImportError:
-            notes.append(
-                f"{gguf.name}: llama-cpp-python is not installed, so its tokenizer cannot count"
-            )
-        except Exception as exc:  # a damaged or unsupported file: estimate instead
-            notes.append(f"{gguf.name}: its tokenizer could not be loaded ({exc})")
+    own, more = BACKENDS.get(config.backend.name).token_counter(
+        config.backend, model, config.resolve_input
+    )
+    if own is not None:
+        return SampledCounter(own.prompt, own.text, own.method), notes
+    notes += more
     local = _hf_local(model)
     if local is not None:
         try:
@@ -580,8 +526,9 @@ def _throughput(
             seconds += float(llm.get("seconds") or 0)
     if tokens and seconds:
         return tokens / seconds, "measured on this run (the latest invocation of its LLM stages)"
-    if ctx.config.backend.name == "vllm":
-        path = BENCHMARK_RESULTS / "vllm_throughput.json"
+    benchmark = BACKENDS.get(ctx.config.backend.name).throughput_benchmark
+    if benchmark is not None:
+        path = BENCHMARK_RESULTS / benchmark
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             figures = [
@@ -590,7 +537,7 @@ def _throughput(
                 if isinstance(v, dict)
             ]
             best = max(f for f in figures if isinstance(f, (int, float)))
-            return float(best), f"measured by benchmarks/vllm_throughput.py ({path.name})"
+            return float(best), f"measured by benchmarks/{path.stem}.py ({path.name})"
         except (OSError, ValueError, AttributeError):
             pass
     return None, "no throughput: give --tokens-per-second (output tokens per second)"
@@ -644,8 +591,9 @@ def _estimate(
     plans = make_plan(ctx, stages, names)
     ledger = cache.ledger()
     measured = _measured(ledger, served_by) if served_by else {}
+    kind = BACKENDS.get(config.backend.name)
     models = {
-        n: (config.judge.model or config.backend.model) if n == "judge" else config.backend.model
+        n: kind.stage_model(config.backend, config.judge.model if n == "judge" else None)
         for n in llm_stages
     }
     counters: dict[str, TokenCounter] = {}

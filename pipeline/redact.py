@@ -1,7 +1,7 @@
 """One redaction rule for everything that leaves the process: errors, logs, echoes, files.
 
 Secrets live only in environment variables. A variable counts as a secret when the config
-names it (``backend.api_key_env``, ``annotation.token_env``: ``load_config`` registers
+names it (``backend.openai.api_key_env``, ``annotation.token_env``: ``load_config`` registers
 them), when it is a Hugging Face token, or when its name ends in KEY, TOKEN, SECRET or
 PASSWORD. Values shorter than ``MIN_SECRET_LEN`` are ignored: masking "1" or "true" would
 garble innocent text and protect nothing.

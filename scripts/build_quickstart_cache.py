@@ -94,8 +94,8 @@ def main() -> None:
             ROOT / "configs" / "quickstart.yaml",
             [
                 "backend.name=openai",
-                f"backend.base_url={server.base_url}",
-                "backend.replay_cache=null",
+                f"backend.openai.base_url={server.base_url}",
+                "backend.replay.cache=null",
                 f"run.output_dir={tmp}",
             ],
         )

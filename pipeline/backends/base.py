@@ -1,14 +1,28 @@
-"""The one interface every chat backend implements."""
+"""The one class every backend is: it answers chat requests, and its class answers
+everything else about its kind (docs/backends.md, "Adding a backend"): its name, its
+settings section, its pip extra, whether it can answer new requests, how it is built,
+checked before a run, identified, described, and how `prb plan` counts its tokens.
+Nothing outside pipeline/backends/ asks a backend's name."""
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import importlib.util
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
+from pipeline.errors import BackendError
+
+if TYPE_CHECKING:
+    from pipeline.backends.settings import BackendSection, Settings
+
+# places a path from the config against the config file's folder
+Resolve = Callable[[Path | None], Path | None]
 
 
 class RequestFeed:
@@ -56,10 +70,43 @@ class RequestFeed:
         return out
 
 
-class Backend(abc.ABC):
-    """Answers chat requests; results stream back as they arrive, tagged by input index."""
+@dataclass(frozen=True)
+class TokenCount:
+    """A model's own token count, for `prb plan`: a request's prompt tokens, a text's
+    tokens, and how they are counted (printed with the plan)."""
 
-    name: str = "base"
+    prompt: Callable[[ChatRequest], int]
+    text: Callable[[str], int]
+    method: str
+
+
+class Backend(abc.ABC):
+    """Answers chat requests; results stream back as they arrive, tagged by input index.
+
+    Class attributes and class methods describe the kind without building it (building
+    may load a model for minutes); a subclass sets what differs from these defaults.
+    """
+
+    name: ClassVar[str] = "base"
+    # its settings section, backend.<name> (pipeline/backends/settings.py); None: none
+    settings: ClassVar[type[Settings] | None] = None
+    # the pip extra it needs and a module that extra installs (None: nothing beyond the
+    # package's own dependencies), and the install line to print when it is missing
+    extra: ClassVar[str | None] = None
+    extra_module: ClassVar[str | None] = None
+    install_line: ClassVar[str | None] = None
+    # False: it only reads back recorded answers (replay); a request it lacks is reported
+    # once at the end of the stage, never retried, never counted as "sent"
+    answers_new: ClassVar[bool] = True
+    # what a stage stopped after abort_after_failures failures in a row says of it
+    failing: ClassVar[str] = "the server looks down"
+    # distributions whose versions each run's environment.json records, and facts it
+    # records beside them
+    libraries: ClassVar[tuple[str, ...]] = ()
+    environment: ClassVar[dict[str, str]] = {}
+    # benchmarks/results/<file> holding this backend's measured output tokens per second
+    # (`prb plan` uses it when the run has no measurement of its own)
+    throughput_benchmark: ClassVar[str | None] = None
     # stream(): requests per run() call, and how long to wait for a fuller chunk
     stream_chunk: int = 256
     stream_linger: float = 0.0
@@ -90,3 +137,90 @@ class Backend(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections or engines."""
+
+    # ---- the kind: answered without building a backend ---------------------------------
+    @classmethod
+    def build(
+        cls,
+        cfg: BackendSection,
+        *,
+        cache_path: Path | None = None,
+        resolve: Resolve | None = None,
+    ) -> Backend:
+        """The backend for the config's ``backend`` section; ``cache_path`` is the run's
+        request cache, ``resolve`` places a path from the config."""
+        return cls(cfg)  # type: ignore[call-arg]
+
+    @classmethod
+    def install_hint(cls) -> str:
+        """The line that installs what this backend needs."""
+        return cls.install_line or f"pip install 'personalized-rewardbench[{cls.extra}]'"
+
+    @classmethod
+    def check_installed(cls, cfg: BackendSection) -> None:
+        """BackendError, one line with the install line, when the extra is missing."""
+        module = cls.extra_module
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise BackendError(
+                f"backend.name is '{cls.name}', but {module} is not installed: "
+                f"{cls.install_hint()}"
+            )
+
+    @classmethod
+    def preflight(
+        cls, cfg: BackendSection, *, resolve: Resolve | None = None, cached: bool = False
+    ) -> str | None:
+        """Check, without building it (loading a model takes minutes), that the backend can
+        answer: its extra, its server, its files. Raises BackendError saying what to fix;
+        returns a warning for a problem the run's cache may make harmless (``cached``:
+        the run has a request cache)."""
+        cls.check_installed(cfg)
+        return None
+
+    @classmethod
+    @abc.abstractmethod
+    def identify(
+        cls,
+        cfg: BackendSection,
+        models: Sequence[str],
+        *,
+        resolve: Resolve | None = None,
+        cache_path: Path | None = None,
+    ) -> dict[str, Any]:
+        """What answers a run that asks for ``models`` (pipeline/backends/identity.py): a
+        small dict, part of every request's key. Its ``kind`` is this backend's name or
+        starts with it and a dash (``ray-http``), so that :meth:`describe` is found again
+        from a recorded identity. BackendError when it cannot be known."""
+
+    @classmethod
+    def describe(cls, identity: dict[str, Any]) -> str:
+        """One line for people: what served, from an identity :meth:`identify` made."""
+        return str(identity.get("kind"))
+
+    @classmethod
+    def asked(cls, cfg: BackendSection) -> dict[str, Any]:
+        """The settings an identity was asked with: a run whose server cannot be reached
+        assumes the identity it recorded for the same ones."""
+        return {"backend": cls.name, "url": None}
+
+    @classmethod
+    def token_counter(
+        cls, cfg: BackendSection, model: str, resolve: Resolve | None = None
+    ) -> tuple[TokenCount | None, list[str]]:
+        """The model's own token count when this machine has its tokenizer (`prb plan`),
+        and notes on why not; (None, notes): plan looks further (a local Hugging Face
+        tokenizer, then an estimate). Here: a model named by its .gguf file, as a server
+        such as llama.cpp's may be asked for it."""
+        if model.endswith(".gguf"):
+            path = Path(model).expanduser()
+            path = (resolve(path) if resolve else path) or path
+            if path.is_file():
+                from pipeline.backends.llamacpp_backend import gguf_counter_notes
+
+                return gguf_counter_notes(path)
+        return None, []
+
+    @classmethod
+    def stage_model(cls, cfg: BackendSection, model: str | None = None) -> str:
+        """The model a stage asks for: its own (``judge.model``), else backend.model."""
+        return model or cfg.model

@@ -7,7 +7,8 @@ stages' fingerprints hold the whole identity, and every row records it: an answe
 backend is never served as another's, and a change of backend re-does the stages it
 affects, saying why.
 
-An identity is a small dict, computed without building an engine:
+An identity is a small dict, computed without building an engine, by the backend's class
+(``Backend.identify``; ``describe`` finds that class again from the ``kind``):
 
 - ``openai`` / ``ray`` (http engine): the server's URL (without credentials) and, for each
   model the run asks for, the entry the server reports at ``/models`` (id, root, owner);
@@ -28,12 +29,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import BackendError
 from pipeline.ids import content_hash
+
+if TYPE_CHECKING:
+    from pipeline.backends.base import Backend, Resolve
+    from pipeline.backends.settings import BackendSection
 
 # keys describing where an identity came from, not what served: left out of its id
 NOT_KEYED = ("replayed_from", "assumed", "asked")
@@ -45,27 +49,27 @@ def identity_id(identity: dict[str, Any]) -> str:
     return content_hash({k: v for k, v in identity.items() if k not in NOT_KEYED}, length=16)
 
 
+def owner(identity: dict[str, Any]) -> type[Backend] | None:
+    """The backend class that made ``identity``: its ``kind`` is the backend's name, or
+    the name and a dash (``ray-http``). None for the stand-in and unknown kinds."""
+    from pipeline.backends import BACKENDS
+
+    kind = str(identity.get("kind"))
+    for name in (kind, kind.split("-", 1)[0]):
+        if name in BACKENDS:
+            return BACKENDS.get(name)
+    return None
+
+
 def describe(identity: dict[str, Any]) -> str:
     """One line for people: what served the answers."""
     kind = identity.get("kind")
+    cls = owner(identity)
     if kind == "stand-in":
         what = identity.get("responder") or "rule-based"
         text = f"the project's stand-in server ({what} answers, not a model)"
-    elif kind in ("openai", "ray-http"):
-        models = identity.get("models") or {}
-        shown = ", ".join(
-            f"{name} (reported as {(m or {}).get('id') or 'nothing'})" for name, m in models.items()
-        )
-        text = f"the server at {identity.get('url')}: {shown or 'no model reported'}"
-    elif kind in ("vllm", "ray-vllm"):
-        digest = identity.get("files_sha256")
-        text = f"vLLM {identity.get('version') or '?'} in-process, model {identity.get('model')}"
-        text += f" (files sha256 {digest[:12]})" if digest else " (not a local folder: no hash)"
-    elif kind == "llamacpp":
-        text = (
-            f"llama.cpp {identity.get('version') or '?'} in-process, model "
-            f"{identity.get('file')} (sha256 {str(identity.get('sha256'))[:12]})"
-        )
+    elif cls is not None:
+        text = cls.describe(identity)
     else:
         text = str(kind)
     if identity.get("replayed_from"):
@@ -73,6 +77,16 @@ def describe(identity: dict[str, Any]) -> str:
     if identity.get("assumed"):
         text += f" ({identity['assumed']})"
     return text
+
+
+def standin_identity(entry: dict[str, Any]) -> dict[str, Any]:
+    """The identity of a server that reports itself as the project's stand-in
+    (tests/standin_server.py): not a model, whatever model name it is asked for."""
+    return {
+        "kind": "stand-in",
+        "responder": entry.get("prb_responder") or "rule-based",
+        "model_output": False,
+    }
 
 
 def plain_url(url: str) -> str:
@@ -131,7 +145,8 @@ def folder_sha256(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _version(dist: str) -> str | None:
+def version(dist: str) -> str | None:
+    """An installed distribution's version (from its metadata: nothing is imported)."""
     from importlib import metadata
 
     try:
@@ -140,73 +155,19 @@ def _version(dist: str) -> str | None:
         return None
 
 
-# ---- per kind ------------------------------------------------------------------------------
-
-
-def _server(cfg: Any, models: Sequence[str], kind: str) -> dict[str, Any]:
-    from pipeline.backends.openai_backend import list_models
-
-    listed = list_models(cfg)
-    by_id = {m.get("id"): m for m in listed if isinstance(m, dict)}
-    if any(m.get("owned_by") == STANDIN_OWNER for m in by_id.values()):
-        entry = next(m for m in by_id.values() if m.get("owned_by") == STANDIN_OWNER)
-        return {
-            "kind": "stand-in",
-            "responder": entry.get("prb_responder") or "rule-based",
-            "model_output": False,
-        }
-    reported = {}
-    for name in sorted(set(models)):
-        m = by_id.get(name)
-        reported[name] = (
-            {k: m.get(k) for k in ("id", "root", "owned_by")} if isinstance(m, dict) else None
-        )
-    return {
-        "kind": kind,
-        "url": plain_url(str(cfg.base_url)),
-        "models": reported,
-        "model_output": True,
-    }
-
-
-def _vllm(cfg: Any, kind: str) -> dict[str, Any]:
-    model = str(cfg.model)
-    local = Path(model).expanduser()
-    return {
-        "kind": kind,
-        "version": _version("vllm"),
-        "model": model,
-        "files_sha256": folder_sha256(local) if local.is_dir() else None,
-        "model_output": True,
-    }
-
-
 def identify(
-    cfg: Any,
+    cfg: BackendSection,
     models: Sequence[str],
     *,
-    resolve: Callable[[Path | None], Path | None] | None = None,
+    resolve: Resolve | None = None,
     cache_path: Path | None = None,
 ) -> dict[str, Any]:
     """The identity of the backend ``cfg`` (the config's ``backend`` section) for a run
-    that asks for ``models``. Raises BackendError when it cannot be known (a server that
-    cannot be reached, a replay source without provenance)."""
-    name = cfg.name
-    if name == "openai":
-        return _server(cfg, models, "openai")
-    if name == "ray":
-        if cfg.ray.engine == "http":
-            return _server(cfg, models, "ray-http")
-        return _vllm(cfg, "ray-vllm")
-    if name == "vllm":
-        return _vllm(cfg, "vllm")
-    if name == "llamacpp":
-        from pipeline.backends.llamacpp_backend import gguf_identity
+    that asks for ``models`` (:meth:`Backend.identify`). Raises BackendError when it
+    cannot be known (a server that cannot be reached, a replay source without
+    provenance)."""
+    from pipeline.backends import BACKENDS
 
-        return gguf_identity(cfg, resolve)
-    if name == "replay":
-        from pipeline.backends.replay import recorded_identity
-
-        source = resolve(cfg.replay_cache) if resolve and cfg.replay_cache else cfg.replay_cache
-        return recorded_identity(Path(source) if source else cache_path)
-    raise BackendError(f"backend.name {name!r} has no identity; this is a bug")  # pragma: no cover
+    return BACKENDS.get(cfg.name).identify(
+        cfg, models, resolve=resolve, cache_path=cache_path
+    )

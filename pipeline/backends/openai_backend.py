@@ -10,7 +10,7 @@ off, so attempts do not multiply.
 A server that refuses the credentials (401, or 403 before any request succeeded) stops the
 stage at once with a line naming the variable that holds the key, instead of failing every
 request until the run decides the server is down. Credentials written into
-``backend.base_url`` work on both transports: ``user:password@`` is sent as HTTP Basic
+``backend.openai.base_url`` work on both transports: ``user:password@`` is sent as HTTP Basic
 auth (for a proxy in front of the server; it replaces the API key, as httpx itself would
 do) and the query string (``?api-key=...``) goes with every request.
 """
@@ -25,8 +25,9 @@ import os
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import openai
@@ -38,9 +39,14 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from pipeline.backends.base import Backend, RequestFeed
+from pipeline.backends.base import Backend, RequestFeed, Resolve
+from pipeline.backends.settings import OpenAISettings
+from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+
+if TYPE_CHECKING:
+    from pipeline.backends.settings import BackendSection
 
 _TRANSIENT_STATUS = {408, 409, 425, 429}
 
@@ -56,7 +62,7 @@ def _valid_unicode(text: Any) -> Any:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where and how to send requests, from ``backend.base_url`` and the API key."""
+    """Where and how to send requests, from ``backend.openai.base_url`` and the API key."""
 
     base: str  # without user:password@ and without the query string
     query: dict[str, str] = field(default_factory=dict)
@@ -69,8 +75,9 @@ class Endpoint:
         return f"{url}?{urlencode(self.query)}" if self.query else url
 
 
-def endpoint(cfg: Any) -> Endpoint:
-    """Split ``cfg.base_url`` into the address and the credentials written into it.
+def endpoint(cfg: OpenAISettings) -> Endpoint:
+    """Split ``cfg.base_url`` (``backend.openai``) into the address and the credentials
+    written into it.
 
     The openai client neither accepts ``user:password@`` on aiohttp ("Cannot combine
     AUTHORIZATION header with AUTH argument") nor keeps a query string in its base URL
@@ -90,7 +97,7 @@ def endpoint(cfg: Any) -> Endpoint:
     return Endpoint(base, query)
 
 
-def auth_error(cfg: Any, status: int, detail: str = "") -> BackendError:
+def auth_error(cfg: OpenAISettings, status: int, detail: str = "") -> BackendError:
     """The one line for a server that refused our credentials: which ones, and what to do."""
     from pipeline.redact import public_url, redact, strip_userinfo
 
@@ -103,17 +110,17 @@ def auth_error(cfg: Any, status: int, detail: str = "") -> BackendError:
     has_query_key = where != strip_userinfo(cfg.base_url)
     in_query = " (and the key in its query string)" if has_query_key else ""
     if ep.sends == "basic":
-        what = f"the user name and password in backend.base_url{in_query}"
-        todo = "fix them in backend.base_url"
+        what = f"the user name and password in backend.openai.base_url{in_query}"
+        todo = "fix them in backend.openai.base_url"
     elif ep.sends == "key":
         what = f"the API key in ${env}{in_query}"
-        todo = f"set {env} to a key this server accepts (backend.api_key_env names the variable)"
+        todo = f"set {env} to a key this server accepts (backend.openai.api_key_env names the variable)"
     elif has_query_key:
-        what = "the key in backend.base_url's query string"
-        todo = f"fix that key, or put a valid one in ${env} (backend.api_key_env)"
+        what = "the key in backend.openai.base_url's query string"
+        todo = f"fix that key, or put a valid one in ${env} (backend.openai.api_key_env)"
     else:
         what = f"the request without an API key (${env} is not set)"
-        todo = f"export {env}=<your key>, or set backend.api_key_env to the variable that holds it"
+        todo = f"export {env}=<your key>, or set backend.openai.api_key_env to the variable that holds it"
     if status == 403:
         todo += "; a key without access to this model or endpoint is refused the same way"
     return BackendError(f"the server at {where} {verb} {what} (HTTP {status}{said}); {todo}")
@@ -196,21 +203,24 @@ def describe_error(exc: BaseException) -> str:
 
 class OpenAIBackend(Backend):
     name = "openai"
+    settings = OpenAISettings
+    libraries = ("openai",)
 
-    def __init__(self, cfg: Any) -> None:
-        """``cfg`` is the config's ``backend`` section."""
+    def __init__(self, cfg: BackendSection) -> None:
+        """``cfg`` is the config's ``backend`` section; the server is ``cfg.openai``."""
         self.cfg = cfg
+        self.server = s = cfg.openai
         # The key is read here and held only by the client; it is never logged or stored.
-        api_key = os.environ.get(cfg.api_key_env) or "EMPTY"
-        ep = endpoint(cfg)
+        api_key = os.environ.get(s.api_key_env) or "EMPTY"
+        ep = endpoint(s)
         http_client = None
-        if cfg.http_transport == "aiohttp":
-            http_client = openai.DefaultAioHttpClient(timeout=cfg.timeout_s)
+        if s.http_transport == "aiohttp":
+            http_client = openai.DefaultAioHttpClient(timeout=s.timeout_s)
         self.client = openai.AsyncOpenAI(
             base_url=ep.base,
             api_key=api_key,
             max_retries=0,
-            timeout=cfg.timeout_s,
+            timeout=s.timeout_s,
             http_client=http_client,
             # URL credentials replace the Bearer key (custom headers win in the client)
             default_headers=ep.headers if ep.sends == "basic" else None,
@@ -261,7 +271,7 @@ class OpenAIBackend(Backend):
                     return result
         except openai.APIStatusError as exc:
             if exc.status_code == 401 or (exc.status_code == 403 and not self._answered):
-                raise auth_error(self.cfg, exc.status_code, exc.message) from None
+                raise auth_error(self.server, exc.status_code, exc.message) from None
             return RequestFailure(describe_error(exc), attempts, transient=is_transient(exc))
         except Exception as exc:
             return RequestFailure(describe_error(exc), attempts, transient=is_transient(exc))
@@ -270,7 +280,7 @@ class OpenAIBackend(Backend):
     @property
     def window(self) -> int:
         # enough queued behind the workers that none waits while the runner refills
-        return 4 * self.cfg.max_concurrency
+        return 4 * self.server.max_concurrency
 
     async def stream(
         self, feed: RequestFeed
@@ -283,7 +293,7 @@ class OpenAIBackend(Backend):
         if first is None:
             return
         # reached only when a request is not cached: a fully cached stage needs no server
-        await asyncio.to_thread(check_reachable, self.cfg)
+        await asyncio.to_thread(check_reachable, self.server)
         waiting = [first]
 
         async def worker() -> None:
@@ -296,7 +306,7 @@ class OpenAIBackend(Backend):
             finally:
                 out.put_nowait(finished)
 
-        n = self.cfg.max_concurrency
+        n = self.server.max_concurrency
         workers = [asyncio.create_task(worker()) for _ in range(n)]
         try:
             ended = 0
@@ -326,8 +336,68 @@ class OpenAIBackend(Backend):
     async def aclose(self) -> None:
         await self.client.close()
 
+    # ---- the kind ----------------------------------------------------------------------
+    @classmethod
+    def preflight(
+        cls, cfg: BackendSection, *, resolve: Resolve | None = None, cached: bool = False
+    ) -> str | None:
+        # the server is asked before the first request again, not only here: a stage
+        # whose answers are all cached needs no server
+        try:
+            check_reachable(cfg.openai)
+        except BackendError as exc:
+            if not cached:
+                raise
+            return f"{exc} Continuing with the answers in the run's cache."
+        return None
 
-def check_reachable(cfg: Any) -> None:
+    @classmethod
+    def identify(
+        cls,
+        cfg: BackendSection,
+        models: Sequence[str],
+        *,
+        resolve: Resolve | None = None,
+        cache_path: Path | None = None,
+    ) -> dict[str, Any]:
+        return server_identity(cfg.openai, models, cls.name)
+
+    @classmethod
+    def describe(cls, identity: dict[str, Any]) -> str:
+        return describe_server(identity)
+
+    @classmethod
+    def asked(cls, cfg: BackendSection) -> dict[str, Any]:
+        return {"backend": cls.name, "url": plain_url(cfg.openai.base_url)}
+
+
+def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> dict[str, Any]:
+    """What a server answers as (pipeline/backends/identity.py): its URL without
+    credentials and, for each model the run asks for, the entry it reports at /models;
+    or the project's stand-in, which reports itself so."""
+    listed = list_models(cfg)
+    by_id = {m.get("id"): m for m in listed if isinstance(m, dict)}
+    for m in by_id.values():
+        if m.get("owned_by") == STANDIN_OWNER:
+            return standin_identity(m)
+    reported = {}
+    for name in sorted(set(models)):
+        m = by_id.get(name)
+        reported[name] = (
+            {k: m.get(k) for k in ("id", "root", "owned_by")} if isinstance(m, dict) else None
+        )
+    return {"kind": kind, "url": plain_url(str(cfg.base_url)), "models": reported, "model_output": True}
+
+
+def describe_server(identity: dict[str, Any]) -> str:
+    models = identity.get("models") or {}
+    shown = ", ".join(
+        f"{name} (reported as {(m or {}).get('id') or 'nothing'})" for name, m in models.items()
+    )
+    return f"the server at {identity.get('url')}: {shown or 'no model reported'}"
+
+
+def check_reachable(cfg: OpenAISettings) -> None:
     """Fail fast with a clear message when the server cannot be reached at all."""
     import urllib.error
     import urllib.request
@@ -352,11 +422,11 @@ def check_reachable(cfg: Any) -> None:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise BackendError(
             f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
-            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.base_url"
+            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.openai.base_url"
         ) from None
 
 
-def list_models(cfg: Any) -> list[dict[str, Any]]:
+def list_models(cfg: OpenAISettings) -> list[dict[str, Any]]:
     """The server's ``/models`` entries (id, root, owned_by...), for the run's record of
     what served its answers; empty when the server has no such list (a 404, or a key that
     may chat but not list models). Raises BackendError when the server cannot be reached
@@ -381,7 +451,7 @@ def list_models(cfg: Any) -> list[dict[str, Any]]:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise BackendError(
             f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
-            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.base_url"
+            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.openai.base_url"
         ) from None
     data = body.get("data") if isinstance(body, dict) else None
     return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []

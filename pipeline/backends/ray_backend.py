@@ -6,7 +6,7 @@ Ray task; ``ray.data.llm.build_processor`` maps it through ``ray.replicas`` work
 rows are read back in a worker thread as each batch completes, so the runner caches every
 answer as it arrives and a killed run loses at most the batches in flight.
 
-``ray.engine: http`` sends each row to ``backend.base_url`` with Ray's HTTP processor (any
+``ray.engine: http`` sends each row to ``backend.openai.base_url`` with Ray's HTTP processor (any
 OpenAI-compatible server, e.g. one ``vllm serve`` per GPU behind a load balancer).
 ``ray.engine: vllm`` runs one vLLM engine per replica on the cluster's GPUs.
 
@@ -51,11 +51,17 @@ import os
 import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.base import Backend
+from pipeline.backends.base import Backend, Resolve
+from pipeline.backends.identity import plain_url
+from pipeline.backends.settings import RaySettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+
+if TYPE_CHECKING:
+    from pipeline.backends.settings import BackendSection
 
 INSTALL_HINT = "pip install 'personalized-rewardbench[ray]'"
 GPU_INSTALL_HINT = "pip install 'personalized-rewardbench[ray-gpu]'"  # ray[llm] pins its vLLM
@@ -319,8 +325,12 @@ class RayBackend(Backend):
     """Answers chat requests with Ray Data's LLM processors, streamed back per batch."""
 
     name = "ray"
+    settings = RaySettings
+    extra = "ray"
+    extra_module = "ray"
+    libraries = ("ray",)
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: BackendSection) -> None:
         """``cfg`` is the config's ``backend`` section."""
         self.cfg = cfg
         self.rc = cfg.ray
@@ -335,7 +345,7 @@ class RayBackend(Backend):
         if self.rc.engine == "http":
             from pipeline.backends.openai_backend import check_reachable
 
-            check_reachable(cfg)  # fail in a second, not after starting Ray
+            check_reachable(cfg.openai)  # fail in a second, not after starting Ray
 
     def _check_gpus(self) -> None:
         v = self.cfg.vllm
@@ -390,7 +400,7 @@ class RayBackend(Backend):
 
             # the key (or the URL's credentials) is read here and handed to Ray's workers;
             # never logged or stored by us
-            ep = endpoint(self.cfg)
+            ep = endpoint(self.cfg.openai)
             config = llm.HttpRequestProcessorConfig(
                 url=ep.url("/chat/completions"),
                 headers=dict(ep.headers),
@@ -400,7 +410,7 @@ class RayBackend(Backend):
                 base_retry_wait_time_in_s=self.cfg.backoff_initial_s,
                 session_factory=functools.partial(
                     ReplySession,
-                    timeout_s=self.cfg.timeout_s,
+                    timeout_s=self.cfg.openai.timeout_s,
                     max_attempts=self.cfg.max_attempts,
                 ),
                 http_request_stage={"num_cpus": HTTP_WORKER_CPUS},
@@ -524,7 +534,7 @@ class RayBackend(Backend):
                     if status == 401 or (status == 403 and not self._answered):
                         from pipeline.backends.openai_backend import auth_error
 
-                        raise auth_error(self.cfg, status, _error_message(row["text"]))
+                        raise auth_error(self.cfg.openai, status, _error_message(row["text"]))
                     outcome = reply_outcome(
                         status, row["text"], row["error"], attempts, self.cfg.model
                     )
@@ -548,6 +558,53 @@ class RayBackend(Backend):
         for i in range(len(requests)):
             if i not in done:  # never expected; a request must not vanish silently
                 yield i, RequestFailure("ray: the dataset returned no row for this request")
+
+    # ---- the kind ----------------------------------------------------------------------
+    @classmethod
+    def install_hint(cls) -> str:
+        return INSTALL_HINT
+
+    @classmethod
+    def preflight(
+        cls, cfg: BackendSection, *, resolve: Resolve | None = None, cached: bool = False
+    ) -> str | None:
+        cls.check_installed(cfg)
+        if cfg.ray.engine == "http":
+            from pipeline.backends.openai_backend import check_reachable
+
+            check_reachable(cfg.openai)
+        return None
+
+    @classmethod
+    def identify(
+        cls,
+        cfg: BackendSection,
+        models: Sequence[str],
+        *,
+        resolve: Resolve | None = None,
+        cache_path: Path | None = None,
+    ) -> dict[str, Any]:
+        if cfg.ray.engine == "http":
+            from pipeline.backends.openai_backend import server_identity
+
+            return server_identity(cfg.openai, models, "ray-http")
+        from pipeline.backends.vllm_backend import engine_identity
+
+        return engine_identity(cfg, "ray-vllm")
+
+    @classmethod
+    def describe(cls, identity: dict[str, Any]) -> str:
+        if identity.get("kind") == "ray-http":
+            from pipeline.backends.openai_backend import describe_server
+
+            return describe_server(identity)
+        from pipeline.backends.vllm_backend import describe_engine
+
+        return describe_engine(identity)
+
+    @classmethod
+    def asked(cls, cfg: BackendSection) -> dict[str, Any]:
+        return {"backend": cls.name, "url": plain_url(cfg.openai.base_url)}
 
     def _gather(
         self, req: ChatRequest, got: dict[int, dict[str, Any]], row: dict[str, Any]

@@ -10,13 +10,17 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.base import Backend
+from pipeline.backends.base import Backend, Resolve
 from pipeline.backends.identity import identity_id
+from pipeline.backends.settings import ReplaySettings
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
+
+if TYPE_CHECKING:
+    from pipeline.backends.settings import BackendSection
 
 
 class _JsonlCache:
@@ -73,14 +77,21 @@ def recorded_identity(source: Path | None) -> dict[str, Any]:
 
 class ReplayBackend(Backend):
     name = "replay"
+    settings = ReplaySettings
+    # it reads answers back; a request its cache lacks cannot be answered here
+    answers_new = False
 
     def __init__(
-        self, cfg: Any, cache_path: Path | None = None, replay_path: Path | None = None
+        self,
+        cfg: BackendSection,
+        cache_path: Path | None = None,
+        replay_path: Path | None = None,
     ) -> None:
-        """``replay_path``: ``cfg.replay_cache`` resolved against the config file's folder."""
+        """``replay_path``: ``backend.replay.cache`` resolved against the config file's
+        folder; without one, the run's own cache (``cache_path``)."""
         self.cfg = cfg
-        if replay_path is None and cfg.replay_cache:
-            replay_path = Path(cfg.replay_cache)
+        if replay_path is None and cfg.replay.cache:
+            replay_path = Path(cfg.replay.cache)
         source = replay_path or cache_path
         self.source = source
         self.cache: RequestCache | _JsonlCache | None = None
@@ -112,3 +123,41 @@ class ReplayBackend(Backend):
     async def aclose(self) -> None:
         if self.cache is not None:
             self.cache.close()
+
+    # ---- the kind ----------------------------------------------------------------------
+    @staticmethod
+    def cache_file(cfg: BackendSection, resolve: Resolve | None) -> Path | None:
+        """``backend.replay.cache``, placed against the config file's folder."""
+        given = cfg.replay.cache
+        return (resolve(given) if resolve else given) if given else None
+
+    @classmethod
+    def build(
+        cls,
+        cfg: BackendSection,
+        *,
+        cache_path: Path | None = None,
+        resolve: Resolve | None = None,
+    ) -> Backend:
+        return cls(cfg, cache_path=cache_path, replay_path=cls.cache_file(cfg, resolve))
+
+    @classmethod
+    def preflight(
+        cls, cfg: BackendSection, *, resolve: Resolve | None = None, cached: bool = False
+    ) -> str | None:
+        path = cls.cache_file(cfg, resolve)
+        if path is not None and not Path(path).exists():
+            raise BackendError(f"backend.replay.cache: {path} does not exist")
+        return None
+
+    @classmethod
+    def identify(
+        cls,
+        cfg: BackendSection,
+        models: Sequence[str],
+        *,
+        resolve: Resolve | None = None,
+        cache_path: Path | None = None,
+    ) -> dict[str, Any]:
+        source = cls.cache_file(cfg, resolve)
+        return recorded_identity(Path(source) if source else cache_path)

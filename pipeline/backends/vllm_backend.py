@@ -29,19 +29,31 @@ import gc
 import json
 import threading
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.base import Backend
+from pipeline.backends.base import Backend, Resolve
+from pipeline.backends.identity import folder_sha256, version
+from pipeline.backends.settings import VLLMSettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+
+if TYPE_CHECKING:
+    from pipeline.backends.settings import BackendSection
 
 # The vLLM release this backend's calls were checked against on a GPU (LLM.chat with a list
 # of SamplingParams, n, seeds, StructuredOutputsParams, finish reasons, token counts, and the
 # engine-core shutdown below). Recorded in each run's environment.json.
 VERIFIED_VLLM_VERSION = "0.26.0"
 
+# the README's line (docs/vllm.md): the machine's torch as a constraint, so that pip stops
+# instead of replacing it with the torch vLLM's wheel pins
+INSTALL_LINE = (
+    "python -c \"import torch; print('torch=='+torch.__version__.split('+')[0])\" "
+    "> keep-torch.txt && pip install 'personalized-rewardbench[vllm]' -c keep-torch.txt"
+)
 _INSTALL_HINT = (
-    "install the extra: pip install 'personalized-rewardbench[vllm]' (needs a CUDA GPU), "
+    f"install the extra: {INSTALL_LINE} (needs a CUDA GPU), "
     "or use backend.name: openai against a `vllm serve` server"
 )
 
@@ -63,7 +75,7 @@ _ENGINES_LOCK = threading.Lock()
 _ATEXIT_REGISTERED = False
 
 
-def engine_kwargs(cfg: Any) -> dict[str, Any]:
+def engine_kwargs(cfg: BackendSection) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM(...)`` from the config's ``backend`` section."""
     v = cfg.vllm
     kw: dict[str, Any] = {
@@ -176,11 +188,19 @@ class VLLMBackend(Backend):
     """Answers chat requests with an in-process ``vllm.LLM``, batched per chunk."""
 
     name = "vllm"
+    settings = VLLMSettings
+    extra = "vllm"
+    extra_module = "vllm"
+    install_line = INSTALL_LINE + " (on a machine with a CUDA GPU)"
+    failing = "the in-process vLLM engine fails them"
+    libraries = ("vllm", "torch")
+    throughput_benchmark = "vllm_throughput.json"
+    environment = {"vllm_verified_with": VERIFIED_VLLM_VERSION}  # noqa: RUF012 - read only
     # Extra SamplingParams keywords for every request; empty in the pipeline.
     # benchmarks/vllm_throughput.py sets ignore_eos so it and raw LLM.chat generate alike.
     extra_sampling: dict[str, Any] = {}
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: BackendSection) -> None:
         """``cfg`` is the config's ``backend`` section."""
         self.cfg = cfg
         # The runner hands a streaming backend ``stream_chunk`` requests per run() call and
@@ -259,3 +279,38 @@ class VLLMBackend(Backend):
     async def aclose(self) -> None:
         """Keeps the engine: the next stage reuses it. ``shutdown_engines()`` frees it."""
         return None
+
+    # ---- the kind ----------------------------------------------------------------------
+    @classmethod
+    def identify(
+        cls,
+        cfg: BackendSection,
+        models: Sequence[str],
+        *,
+        resolve: Resolve | None = None,
+        cache_path: Path | None = None,
+    ) -> dict[str, Any]:
+        return engine_identity(cfg, cls.name)
+
+    @classmethod
+    def describe(cls, identity: dict[str, Any]) -> str:
+        return describe_engine(identity)
+
+
+def engine_identity(cfg: BackendSection, kind: str) -> dict[str, Any]:
+    """A vLLM engine's identity: its version and the model folder's content hash."""
+    model = str(cfg.model)
+    local = Path(model).expanduser()
+    return {
+        "kind": kind,
+        "version": version("vllm"),
+        "model": model,
+        "files_sha256": folder_sha256(local) if local.is_dir() else None,
+        "model_output": True,
+    }
+
+
+def describe_engine(identity: dict[str, Any]) -> str:
+    digest = identity.get("files_sha256")
+    text = f"vLLM {identity.get('version') or '?'} in-process, model {identity.get('model')}"
+    return text + (f" (files sha256 {digest[:12]})" if digest else " (not a local folder: no hash)")

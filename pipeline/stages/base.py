@@ -184,18 +184,18 @@ def resolve_identity(ctx: Context) -> dict[str, Any]:
     reached, the identity this run recorded for the same backend settings is assumed, with
     a warning: the answers the cache holds for it are served, and the first request it does
     not hold fails at the server."""
-    from pipeline.backends.identity import identify, plain_url
+    from pipeline.backends import BACKENDS
     from pipeline.errors import BackendError, PipelineError
 
     cfg = ctx.config
     b = cfg.backend
+    kind = BACKENDS.get(b.name)
     models = [b.model] + ([cfg.judge.model] if cfg.judge.model else [])
-    asked = {
-        "backend": b.name,
-        "url": plain_url(b.base_url) if b.name in ("openai", "ray") else None,
-    }
+    asked = kind.asked(b)
     try:
-        identity = identify(b, models, resolve=cfg.resolve_input, cache_path=ctx.run_dir.cache_path)
+        identity = kind.identify(
+            b, models, resolve=cfg.resolve_input, cache_path=ctx.run_dir.cache_path
+        )
     except BackendError as exc:
         for sd in ctx.run_dir.stages():
             try:

