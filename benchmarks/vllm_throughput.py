@@ -50,7 +50,8 @@ if str(ROOT) not in sys.path:
 
 from pipeline.cache import RequestCache  # noqa: E402
 from pipeline.chat import ChatRequest  # noqa: E402
-from pipeline.config import BackendSection, VLLMSection  # noqa: E402
+from pipeline.backends.settings import BackendSection  # noqa: E402
+from pipeline.backends.settings import VLLMSettings as VLLMSection  # noqa: E402
 from pipeline.io import write_json_atomic  # noqa: E402
 from pipeline.llm import Answer, LLMRunner  # noqa: E402
 from pipeline.prompts import load_template  # noqa: E402

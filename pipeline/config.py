@@ -24,11 +24,10 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
-from pipeline.backends.settings import BackendSection, deprecation_line, move_flat_keys
 from pipeline.backends.settings import FLAT_KEYS as _FLAT_BACKEND_KEYS
+from pipeline.backends.settings import BackendSection, deprecation_line, move_flat_keys
 from pipeline.backends.settings import check_http_url as _check_http_url
 from pipeline.errors import ConfigError
 from pipeline.redact import public_url, redact, register_names, register_value, url_secrets

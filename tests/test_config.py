@@ -18,13 +18,49 @@ def _write(tmp_path: Path, data) -> Path:
     return p
 
 
-def test_defaults_and_override(tmp_path):
+def test_defaults_and_override(tmp_path, capsys):
     p = _write(tmp_path, {"responses": {"n": 3}})
-    cfg = load_config(p, ["responses.word_cap=80", "backend.max_concurrency=7"])
+    cfg = load_config(p, ["responses.word_cap=80", "backend.openai.max_concurrency=7"])
     assert cfg.responses.n == 3
     assert cfg.responses.word_cap == 80
-    assert cfg.backend.max_concurrency == 7
+    assert cfg.backend.openai.max_concurrency == 7
     assert cfg.profile.top_k == 10  # default
+    assert capsys.readouterr().err == ""  # new keys: no deprecation line
+
+
+def test_flat_backend_keys_are_read_into_their_section_with_one_warning(tmp_path, capsys):
+    """A config written before the backend sections (backend.base_url, replay_cache...)
+    still loads, each key in its section, with one warning line; --set with a flat key
+    overrides the file's section value."""
+    p = _write(
+        tmp_path,
+        {"backend": {"name": "replay", "base_url": "http://h:1/v1", "timeout_s": 5,
+                     "replay_cache": "c.jsonl", "openai": {"max_concurrency": 3}}},
+    )  # fmt: skip
+    (tmp_path / "c.jsonl").write_text("")
+    cfg = load_config(p, ["backend.max_concurrency=9"])
+    b = cfg.backend
+    assert (b.openai.base_url, b.openai.timeout_s, b.openai.max_concurrency) == (
+        "http://h:1/v1",
+        5,
+        9,
+    )
+    assert b.replay.cache == Path("c.jsonl")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {p}")
+    for old, new in (("base_url", "openai.base_url"), ("replay_cache", "replay.cache"),
+                     ("max_concurrency", "openai.max_concurrency")):  # fmt: skip
+        assert f"backend.{old} is now backend.{new}" in err[0]
+    # written back (run.yaml) in the new shape, which loads without a warning
+    again = _write(tmp_path, cfg.to_yaml())
+    assert load_config(again).backend == b
+    assert capsys.readouterr().err == ""
+    # the same key flat and in its section with two values: one line naming both
+    clash = _write(tmp_path, {"backend": {"base_url": "http://a:1/v1",
+                                          "openai": {"base_url": "http://b:1/v1"}}})  # fmt: skip
+    with pytest.raises(ConfigError) as err_info:
+        load_config(clash)
+    assert "backend.base_url and backend.openai.base_url are both given" in str(err_info.value)
 
 
 def test_relative_input_resolves_against_config_folder(tmp_path):

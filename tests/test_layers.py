@@ -25,7 +25,9 @@ LAYERS: list[tuple[str, list[str]]] = [
         ["pipeline.chat", "pipeline.records", "pipeline.rules", "pipeline.schemas",
          "pipeline.prompts", "pipeline.profile", "pipeline.dedup", "pipeline.filters",
          # the two registries: names only, their modules load when chosen
-         "=pipeline.backends", "=pipeline.stages"],
+         "=pipeline.backends", "=pipeline.stages",
+         # what a backend is (its interface and settings, GGUF headers): no engine
+         "=pipeline.backends.base", "=pipeline.backends.settings", "=pipeline.backends.gguf"],
     ),
     ("config", ["pipeline.config"]),
     ("storage and input", ["pipeline.run", "pipeline.cache", "pipeline.ingest"]),

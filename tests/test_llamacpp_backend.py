@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import struct
 import importlib.util
 import json
 import os
@@ -27,7 +28,8 @@ from pipeline.backends import llamacpp_backend as lb
 from pipeline.backends.factory import make_backend, preflight
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.config import LLAMACPP_DEFAULT_MODEL, BackendSection, Config, load_config
+from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
+from pipeline.config import Config, load_config
 from pipeline.errors import BackendError
 from pipeline.llm import LLMRunner
 
@@ -123,9 +125,32 @@ def fake_llama(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> type[FakeLlam
     lb.shutdown_engines()
 
 
-def gguf(tmp_path: Path, name: str = "model.gguf", body: bytes = b"fake weights") -> Path:
+def gguf_bytes(
+    *,
+    version: int = 3,
+    tensors: int | None = None,
+    kvs: int | None = None,
+    elements: int = 4,
+    cut: int = 0,
+) -> bytes:
+    """A small GGUF file as llama.cpp's format has it: header, one metadata entry, one F32
+    tensor of ``elements`` values; ``tensors``/``kvs`` overwrite the header's counts,
+    ``cut`` drops that many bytes from the end."""
+    key, value = b"general.architecture", b"llama"
+    kv = struct.pack("<Q", len(key)) + key + struct.pack("<I", 8)
+    kv += struct.pack("<Q", len(value)) + value
+    tensor = struct.pack("<Q", 1) + b"w" + struct.pack("<IQIQ", 1, elements, 0, 0)
+    head = b"GGUF" + struct.pack("<IQQ", version, 1 if tensors is None else tensors,
+                                 1 if kvs is None else kvs) + kv + tensor  # fmt: skip
+    head += b"\0" * (-len(head) % 32)  # the data section is aligned to 32 bytes
+    data = head + struct.pack(f"<{elements}f", *range(elements))
+    return data[: len(data) - cut] if cut else data
+
+
+def gguf(tmp_path: Path, name: str = "model.gguf", body: bytes = b"") -> Path:
+    """A loadable-looking GGUF file (the fake engine never reads it; the preflight does)."""
     path = tmp_path / name
-    path.write_bytes(b"GGUF" + body)
+    path.write_bytes(gguf_bytes() + body)
     return path
 
 

@@ -162,8 +162,7 @@ class Backend(abc.ABC):
         module = cls.extra_module
         if module is not None and importlib.util.find_spec(module) is None:
             raise BackendError(
-                f"backend.name is '{cls.name}', but {module} is not installed: "
-                f"{cls.install_hint()}"
+                f"backend.name is '{cls.name}', but {module} is not installed: {cls.install_hint()}"
             )
 
     @classmethod
@@ -215,7 +214,7 @@ class Backend(abc.ABC):
             path = Path(model).expanduser()
             path = (resolve(path) if resolve else path) or path
             if path.is_file():
-                from pipeline.backends.llamacpp_backend import gguf_counter_notes
+                from pipeline.backends.gguf import gguf_counter_notes
 
                 return gguf_counter_notes(path)
         return None, []

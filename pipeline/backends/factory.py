@@ -26,7 +26,9 @@ def check_installed(cfg: BackendSection) -> None:
     BACKENDS.get(cfg.name).check_installed(cfg)
 
 
-def preflight(cfg: BackendSection, resolve: Resolve | None = None, cached: bool = False) -> str | None:
+def preflight(
+    cfg: BackendSection, resolve: Resolve | None = None, cached: bool = False
+) -> str | None:
     """Check that the configured backend can be built, without building it (loading a
     vLLM model takes minutes): see :meth:`Backend.preflight`. Raises BackendError with
     what to install or fix; returns a warning the run's cache may make harmless."""

@@ -168,6 +168,4 @@ def identify(
     provenance)."""
     from pipeline.backends import BACKENDS
 
-    return BACKENDS.get(cfg.name).identify(
-        cfg, models, resolve=resolve, cache_path=cache_path
-    )
+    return BACKENDS.get(cfg.name).identify(cfg, models, resolve=resolve, cache_path=cache_path)

@@ -25,8 +25,8 @@ import os
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -40,8 +40,8 @@ from tenacity import (
 )
 
 from pipeline.backends.base import Backend, RequestFeed, Resolve
-from pipeline.backends.settings import OpenAISettings
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
+from pipeline.backends.settings import OpenAISettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
 
@@ -114,13 +114,19 @@ def auth_error(cfg: OpenAISettings, status: int, detail: str = "") -> BackendErr
         todo = "fix them in backend.openai.base_url"
     elif ep.sends == "key":
         what = f"the API key in ${env}{in_query}"
-        todo = f"set {env} to a key this server accepts (backend.openai.api_key_env names the variable)"
+        todo = (
+            f"set {env} to a key this server accepts (backend.openai.api_key_env names the "
+            "variable)"
+        )
     elif has_query_key:
         what = "the key in backend.openai.base_url's query string"
         todo = f"fix that key, or put a valid one in ${env} (backend.openai.api_key_env)"
     else:
         what = f"the request without an API key (${env} is not set)"
-        todo = f"export {env}=<your key>, or set backend.openai.api_key_env to the variable that holds it"
+        todo = (
+            f"export {env}=<your key>, or set backend.openai.api_key_env to the variable "
+            "that holds it"
+        )
     if status == 403:
         todo += "; a key without access to this model or endpoint is refused the same way"
     return BackendError(f"the server at {where} {verb} {what} (HTTP {status}{said}); {todo}")
@@ -386,7 +392,12 @@ def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> di
         reported[name] = (
             {k: m.get(k) for k in ("id", "root", "owned_by")} if isinstance(m, dict) else None
         )
-    return {"kind": kind, "url": plain_url(str(cfg.base_url)), "models": reported, "model_output": True}
+    return {
+        "kind": kind,
+        "url": plain_url(str(cfg.base_url)),
+        "models": reported,
+        "model_output": True,
+    }
 
 
 def describe_server(identity: dict[str, Any]) -> str:
@@ -422,7 +433,8 @@ def check_reachable(cfg: OpenAISettings) -> None:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise BackendError(
             f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
-            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.openai.base_url"
+            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix "
+            "backend.openai.base_url"
         ) from None
 
 
@@ -451,7 +463,8 @@ def list_models(cfg: OpenAISettings) -> list[dict[str, Any]]:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise BackendError(
             f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
-            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix backend.openai.base_url"
+            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix "
+            "backend.openai.base_url"
         ) from None
     data = body.get("data") if isinstance(body, dict) else None
     return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []

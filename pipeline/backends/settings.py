@@ -240,8 +240,8 @@ def move_flat_keys(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 def deprecation_line(found: list[str], source: str) -> str:
     """The one line a config with flat backend keys gets."""
-    moves = ", ".join(f"backend.{k} -> backend.{flat_key_target(k)}" for k in found)
-    return f"warning: {source}: read as the new keys ({moves}); rename them there"
+    moves = ", ".join(f"backend.{k} is now backend.{flat_key_target(k)}" for k in found)
+    return f"warning: {source}: {moves} (the old name is read for now; use the new one)"
 
 
 class BackendSection(Settings):

@@ -195,7 +195,7 @@ class VLLMBackend(Backend):
     failing = "the in-process vLLM engine fails them"
     libraries = ("vllm", "torch")
     throughput_benchmark = "vllm_throughput.json"
-    environment = {"vllm_verified_with": VERIFIED_VLLM_VERSION}  # noqa: RUF012 - read only
+    environment = {"vllm_verified_with": VERIFIED_VLLM_VERSION}
     # Extra SamplingParams keywords for every request; empty in the pipeline.
     # benchmarks/vllm_throughput.py sets ignore_eos so it and raw LLM.chat generate alike.
     extra_sampling: dict[str, Any] = {}

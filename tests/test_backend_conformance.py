@@ -1,0 +1,167 @@
+"""Every registered backend passes the conformance suite (tests/backend_conformance.py):
+cache, identity, re-ask, resume, n samples, finish reasons, JSON-schema answers. openai
+runs against the stand-in server, replay from a cache recorded there, vllm and llamacpp
+against the fake engines their own tests use, llamacpp also on the real engine (marked
+llamacpp: CI runs it after building the extra) and ray on a local Ray (marked ray)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from backend_conformance import Conformance, Harness, run_stage
+from test_llamacpp_backend import _skip as _skip_without_llama_cpp
+from test_llamacpp_backend import fake_llama, gguf  # noqa: F401 - fixtures used by name
+from test_ray_backend import RAY_SETTINGS, local_ray  # noqa: F401 - a fixture used by name
+from test_vllm_backend import fake_vllm  # noqa: F401 - a fixture used by name
+
+from pipeline.backends import BACKENDS, BackendRegistry
+from pipeline.backends.base import Backend
+from pipeline.backends.identity import identity_id
+from pipeline.backends.llamacpp_backend import LlamaCppBackend
+from pipeline.backends.openai_backend import OpenAIBackend
+from pipeline.backends.ray_backend import RayBackend
+from pipeline.backends.replay import ReplayBackend
+from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
+from pipeline.backends.vllm_backend import VLLMBackend
+from pipeline.cache import RequestCache
+from pipeline.errors import ConfigError
+
+try:
+    HAVE_RAY = importlib.util.find_spec("ray") is not None
+except (ImportError, ValueError):
+    HAVE_RAY = False
+_skip_without_ray = pytest.mark.skipif(
+    not HAVE_RAY and not os.environ.get("CI"), reason="ray is not installed; CI runs these"
+)
+
+
+def _server_section(server: Any, model: str, **kw: Any) -> BackendSection:
+    return BackendSection(
+        model=model,
+        max_attempts=3,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.2,
+        openai={"base_url": server.base_url, "max_concurrency": 4, "timeout_s": 10},
+        **kw,
+    )
+
+
+def _record_on_standin(server: Any):
+    """Replay's recording: the suite's requests answered by the stand-in into a cache of
+    their own, which the replay section then names."""
+
+    def record(tmp: Path, cfg: BackendSection, jobs: list) -> BackendSection:
+        live = _server_section(server, cfg.model, name="openai")
+        recorded = tmp / "recorded" / "cache.sqlite"
+        for requests, validate in jobs:
+            run_stage(live, recorded, requests, validate)
+        ident = OpenAIBackend.identify(live, [cfg.model])
+        with RequestCache(recorded) as cache:
+            cache.put_backend(identity_id(ident), ident)
+        return BackendSection(name="replay", model=cfg.model, replay={"cache": str(recorded)})
+
+    return record
+
+
+def _harness(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    if kind == "openai":
+        server = request.getfixturevalue("server")
+        return Harness(OpenAIBackend, lambda t, m: _server_section(server, m, name="openai"))
+    if kind == "replay":
+        server = request.getfixturevalue("server")
+        return Harness(
+            ReplayBackend,
+            lambda t, m: BackendSection(name="replay", model=m),
+            record=_record_on_standin(server),
+        )
+    if kind == "vllm":
+        request.getfixturevalue("fake_vllm")
+        return Harness(
+            VLLMBackend, lambda t, m: BackendSection(name="vllm", model=m), json_schema=False
+        )
+    if kind == "llamacpp-fake":
+        request.getfixturevalue("fake_llama")
+        model = gguf(tmp_path)
+        return Harness(
+            LlamaCppBackend,
+            lambda t, m: BackendSection(name="llamacpp", model=m),
+            model=str(model),
+            json_schema=False,
+        )
+    if kind == "llamacpp":
+        return Harness(
+            LlamaCppBackend,
+            lambda t, m: BackendSection(name="llamacpp", model=m),
+            model=LLAMACPP_DEFAULT_MODEL,
+        )
+    assert kind == "ray"
+    server = request.getfixturevalue("server")
+    request.getfixturevalue("local_ray")
+    return Harness(
+        RayBackend, lambda t, m: _server_section(server, m, name="ray", ray=RAY_SETTINGS)
+    )
+
+
+# one entry per registered backend (a test below holds them equal); a new built-in backend
+# adds its line here, a backend of a test module adds one line there (test_backend_echo.py)
+KINDS = [
+    "openai",
+    "replay",
+    "vllm",
+    "llamacpp-fake",
+    pytest.param("llamacpp", marks=[pytest.mark.llamacpp, _skip_without_llama_cpp]),
+    pytest.param("ray", marks=[pytest.mark.ray, _skip_without_ray]),
+]
+
+
+@pytest.fixture(params=KINDS)
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    return _harness(request.param, request, tmp_path)
+
+
+class TestEveryBackend(Conformance):
+    """The suite, once per entry of KINDS."""
+
+
+def test_every_registered_backend_is_in_the_suite() -> None:
+    names = {getattr(k, "values", [k])[0].split("-")[0] for k in KINDS}
+    assert set(BACKENDS.names()) <= names, "a backend without a conformance entry"
+
+
+def test_the_registry_refuses_a_taken_name_and_anything_but_a_backend() -> None:
+    reg = BackendRegistry("backend")
+    reg.register("openai", "pipeline.backends.openai_backend:OpenAIBackend")
+    with pytest.raises(ValueError, match="'openai' is registered twice"):
+        reg.register("openai", OpenAIBackend)
+    with pytest.raises(TypeError, match="not a Backend subclass"):
+        reg.register("dict", dict)
+    with pytest.raises(TypeError, match="its class is named 'replay'"):
+        reg.register("other", ReplayBackend)
+    reg.register("lazy", "pipeline.cache:RequestCache")  # checked when imported
+    with pytest.raises(TypeError, match="not a Backend subclass"):
+        reg.get("lazy")
+    with pytest.raises(ConfigError) as err:
+        reg.check("opnai")
+    assert "Did you mean 'openai'?" in str(err.value)
+    assert issubclass(reg.get("openai"), Backend)
+
+
+def test_a_backend_name_is_asked_nowhere_outside_the_backends() -> None:
+    """No module outside pipeline/backends/ compares a backend's name (help text aside)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1] / "pipeline"
+    names = "|".join(BACKENDS.names())
+    pattern = re.compile(rf"""\.name\s*(==|!=|in)\s*[("'\[]*({names})|["']({names})["']\s*(==|!=)""")
+    hits = [
+        f"{p.relative_to(root.parent)}:{n}"
+        for p in root.rglob("*.py")
+        if "backends" not in p.parts
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not hits, hits
