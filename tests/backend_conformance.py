@@ -54,7 +54,9 @@ class Harness:
     config: Callable[[Path, str], BackendSection]
     model: str = "conformance-model"
     json_schema: bool = True
-    record: Callable[[Path, BackendSection, list[tuple[list[ChatRequest], Any]]], BackendSection] | None = None
+    record: (
+        Callable[[Path, BackendSection, list[tuple[list[ChatRequest], Any]]], BackendSection] | None
+    ) = None
 
 
 def _requests(model: str, count: int, tag: str, **kw: Any) -> list[ChatRequest]:
@@ -176,7 +178,9 @@ def run_stage(
 class Conformance:
     """The suite; ``harness`` is set by :func:`conformance` (or a fixture of that name)."""
 
-    def _cfg(self, harness: Harness, tmp_path: Path, jobs: list[tuple[list, Any]]) -> BackendSection:
+    def _cfg(
+        self, harness: Harness, tmp_path: Path, jobs: list[tuple[list, Any]]
+    ) -> BackendSection:
         cfg = harness.config(tmp_path, harness.model)
         assert cfg.name == harness.backend.name
         if harness.record is not None:

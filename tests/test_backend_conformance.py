@@ -156,7 +156,9 @@ def test_a_backend_name_is_asked_nowhere_outside_the_backends() -> None:
 
     root = Path(__file__).resolve().parents[1] / "pipeline"
     names = "|".join(BACKENDS.names())
-    pattern = re.compile(rf"""\.name\s*(==|!=|in)\s*[("'\[]*({names})|["']({names})["']\s*(==|!=)""")
+    pattern = re.compile(
+        rf"""\.name\s*(==|!=|in)\s*[("'\[]*({names})|["']({names})["']\s*(==|!=)"""
+    )
     hits = [
         f"{p.relative_to(root.parent)}:{n}"
         for p in root.rglob("*.py")
