@@ -157,7 +157,7 @@ def test_the_trimmed_config_against_the_standin_server(tmp_path: Path):
 
     with StandinServer() as server:
         config = trimmed_config(tmp_path, {"name": "openai", "model": "standin-model",
-                                           "base_url": server.base_url})  # fmt: skip
+                                           "openai": {"base_url": server.base_url}})  # fmt: skip
         proc = prb("run", str(config), "--no-progress", "--json", cwd=ROOT)
         assert json.loads(proc.stdout)["ok"], proc.stderr
         run_dir = tmp_path / "outputs" / "local"

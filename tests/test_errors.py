@@ -124,8 +124,8 @@ def test_nul_byte_in_run_name_override(tmp_path, capsys):
 
 
 def test_base_url_not_a_url(tmp_path, capsys):
-    line, _ = _config_error(tmp_path, capsys, {"backend": {"base_url": "notaurl"}})
-    assert "field 'backend.base_url'" in line and "http://127.0.0.1:8000/v1" in line
+    line, _ = _config_error(tmp_path, capsys, {"backend": {"openai": {"base_url": "notaurl"}}})
+    assert "field 'backend.openai.base_url'" in line and "http://127.0.0.1:8000/v1" in line
 
 
 def test_output_dir_is_a_file(tmp_path, capsys):
@@ -334,7 +334,7 @@ def test_library_errors_become_one_line():
 
 def test_debug_flag_adds_the_traceback(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("backend:\n  base_url: notaurl\n")
+    bad.write_text("backend:\n  openai:\n    base_url: notaurl\n")
     for argv in (["--debug", "config", "show", str(bad)], ["config", "show", str(bad), "--debug"]):
         assert main(argv) == 1
         err = capsys.readouterr().err

@@ -23,7 +23,7 @@ def _config(folder: Path, server: StandinServer) -> Path:
             {
                 "run": {"name": "rel", "output_dir": "../outputs"},
                 "input": {"format": "lamp", "path": str(SAMPLE), "limit": 2},
-                "backend": {"base_url": server.base_url, "max_concurrency": 4},
+                "backend": {"openai": {"base_url": server.base_url, "max_concurrency": 4}},
                 "responses": {"n": 1},
             }
         )

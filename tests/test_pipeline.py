@@ -231,8 +231,8 @@ def test_replay_backend_runs_offline_and_reports_misses(tmp_path, server):
         [
             "run.name=replayed",
             "backend.name=replay",
-            f"backend.replay_cache={cache}",
-            "backend.base_url=http://127.0.0.1:9/v1",
+            f"backend.replay.cache={cache}",
+            "backend.openai.base_url=http://127.0.0.1:9/v1",
         ],
     )
     sent = server.request_count
@@ -252,7 +252,7 @@ def test_replay_backend_runs_offline_and_reports_misses(tmp_path, server):
         [
             "run.name=replay-miss",
             "backend.name=replay",
-            f"backend.replay_cache={cache}",
+            f"backend.replay.cache={cache}",
             "responses.word_cap=50",
         ],
     )

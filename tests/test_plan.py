@@ -199,7 +199,7 @@ def test_the_gguf_tokenizer_counts_what_llama_cpp_reports(tmp_path, server):
     path = _smollm2()  # skips (fails under CI) without the local extra
     import llama_cpp
 
-    from pipeline.plan import _gguf_counter
+    from pipeline.backends.gguf import gguf_token_count
     from pipeline.stages import STAGES
     from pipeline.stages.base import Context
 
@@ -212,11 +212,11 @@ def test_the_gguf_tokenizer_counts_what_llama_cpp_reports(tmp_path, server):
     planned = list(STAGES.get("responses")().plan_examples(ctx, set(), Filler([], 5, 3, 3)))
     ctx.close()
     requests = [planned[0].requests[0], planned[1].requests[-1]]
-    counter = _gguf_counter(path)
+    counter = gguf_token_count(path)
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=4096, verbose=False)
     for req in requests:
         out = llm.create_chat_completion(messages=req.message_dicts(), max_tokens=1)
-        assert counter.count(req) == out["usage"]["prompt_tokens"]
+        assert counter.prompt(req) == out["usage"]["prompt_tokens"]
     assert "llama.cpp" in counter.method and "chat template" in counter.method
 
 

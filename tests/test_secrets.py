@@ -105,7 +105,7 @@ def test_password_in_base_url(tmp_path, capsys, monkeypatch):
         cfg = write_config(tmp_path, server, backend={"base_url": url, "abort_after_failures": 3})
         assert main(["config", "show", str(cfg)]) == 0
         shown = capsys.readouterr()
-        assert yaml.safe_load(shown.out)["backend"]["base_url"] == server.base_url
+        assert yaml.safe_load(shown.out)["backend"]["openai"]["base_url"] == server.base_url
         rc = main(["run", str(cfg), "--no-progress"])
     out = capsys.readouterr()
     run_dir = tmp_path / "outputs" / "t"
@@ -230,12 +230,12 @@ def test_key_in_the_query_string(tmp_path, capsys, param):
         assert main(["config", "show", str(cfg)]) == 0
         shown = capsys.readouterr()
         masked = f"{server.base_url}?{param}=***&api-version=2024"
-        assert yaml.safe_load(shown.out)["backend"]["base_url"] == masked
+        assert yaml.safe_load(shown.out)["backend"]["openai"]["base_url"] == masked
         assert main(["run", str(cfg), "--no-progress", "--until", "responses"]) == 0
         sent = [r["query"] for r in server.requests]
     out = capsys.readouterr()
     run_dir = tmp_path / "outputs" / "t"
-    assert yaml.safe_load((run_dir / "run.yaml").read_text())["backend"]["base_url"] == masked
+    assert yaml.safe_load((run_dir / "run.yaml").read_text())["backend"]["openai"]["base_url"] == masked
     texts = {"show": shown.out + shown.err, "stdout": out.out, "stderr": out.err}
     assert leaks([QUERY_KEY], run_dir=run_dir, texts=texts) == []
     # the key went with every request

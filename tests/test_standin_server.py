@@ -471,9 +471,9 @@ def test_sample_run_against_the_player_keeps_most_examples(tmp_path: Path) -> No
     """The README's offline path: `prb run configs/sample.yaml` against the stand-in."""
     with StandinServer() as srv:
         overrides = [
-            f"backend.base_url={srv.base_url}",
+            f"backend.openai.base_url={srv.base_url}",
             f"run.output_dir={tmp_path}",
-            "backend.max_concurrency=8",
+            "backend.openai.max_concurrency=8",
         ]
         stats = run_pipeline(load_config(ROOT / "configs" / "sample.yaml", overrides),
                              progress=False, echo=lambda _m: None)  # fmt: skip

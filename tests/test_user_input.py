@@ -47,10 +47,11 @@ def refused(capsys, tmp_path: Path, argv: list[str]) -> str:
 @pytest.mark.parametrize(
     ("override", "field", "words"),
     [
-        ("backend.max_concurrency=20000000", "backend.max_concurrency", "or equal to 1024"),
-        ("backend.timeout_s=.inf", "backend.timeout_s", "finite number"),
-        ("backend.timeout_s=.nan", "backend.timeout_s", "finite number"),
-        ("backend.timeout_s=86400", "backend.timeout_s", "less than or equal to 3600"),
+        ("backend.openai.max_concurrency=20000000", "backend.openai.max_concurrency",
+         "or equal to 1024"),
+        ("backend.openai.timeout_s=.inf", "backend.openai.timeout_s", "finite number"),
+        ("backend.openai.timeout_s=.nan", "backend.openai.timeout_s", "finite number"),
+        ("backend.openai.timeout_s=86400", "backend.openai.timeout_s", "less than or equal to 3600"),
         ("pairs.length_slack=-.inf", "pairs.length_slack", "finite number"),
         ("responses.n=1000000000", "responses.n", "less than or equal to 100"),
         ("backend.ray.result_timeout_s=0", "backend.ray.result_timeout_s", "greater than 0"),
@@ -67,7 +68,7 @@ def test_infinite_timeout_in_the_file_names_the_field(tmp_path, capsys):
     cfg = write_config(tmp_path, backend={"timeout_s": float("inf")})
     assert ".inf" in cfg.read_text()  # yaml writes it as .inf, as a user would
     line = refused(capsys, tmp_path, ["run", str(cfg), "--no-progress"])
-    assert str(cfg) in line and "field 'backend.timeout_s'" in line and "finite" in line
+    assert str(cfg) in line and "field 'backend.openai.timeout_s'" in line and "finite" in line
 
 
 def test_every_number_in_the_config_has_an_upper_bound_in_its_description():
@@ -91,8 +92,8 @@ def test_every_number_in_the_config_has_an_upper_bound_in_its_description():
     walk(Config, "")
     assert unbounded == []
     described = {name: desc for name, _, desc in describe_fields()}
-    assert described["backend.max_concurrency"].endswith("(1 to 1,024)")
-    assert described["backend.timeout_s"].endswith("(more than 0, at most 3,600)")
+    assert described["backend.openai.max_concurrency"].endswith("(1 to 1,024)")
+    assert described["backend.openai.timeout_s"].endswith("(more than 0, at most 3,600)")
 
 
 # ---- YAML: a key given twice -------------------------------------------------------------
@@ -367,7 +368,7 @@ def test_credentials_in_the_url_work_on_both_transports(transport, monkeypatch):
         cfg = BackendSection(base_url=url, http_transport=transport)
         from pipeline.backends.openai_backend import check_reachable
 
-        check_reachable(cfg)  # the probe sends them too
+        check_reachable(cfg.openai)  # the probe sends them too
 
         async def go() -> list:
             backend = OpenAIBackend(cfg)
@@ -387,8 +388,8 @@ def test_wrong_password_in_the_url_names_base_url(tmp_path, capsys):
         url = server.base_url.replace("http://", "http://alice:wrong-pass@")
         cfg = write_config(tmp_path, server, backend={"base_url": url})
         line = one_error_line(capsys, ["run", str(cfg), "--no-progress"])
-    assert "refused the user name and password in backend.base_url (HTTP 401" in line
-    assert "fix them in backend.base_url" in line and "wrong-pass" not in line
+    assert "refused the user name and password in backend.openai.base_url (HTTP 401" in line
+    assert "fix them in backend.openai.base_url" in line and "wrong-pass" not in line
 
 
 # ---- CI prints the slowest tests ---------------------------------------------------------
