@@ -48,10 +48,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.cache import RequestCache  # noqa: E402
-from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.backends.settings import BackendSection  # noqa: E402
 from pipeline.backends.settings import VLLMSettings as VLLMSection  # noqa: E402
+from pipeline.cache import RequestCache  # noqa: E402
+from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.io import write_json_atomic  # noqa: E402
 from pipeline.llm import Answer, LLMRunner  # noqa: E402
 from pipeline.prompts import load_template  # noqa: E402

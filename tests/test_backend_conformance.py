@@ -167,3 +167,43 @@ def test_a_backend_name_is_asked_nowhere_outside_the_backends() -> None:
         if pattern.search(line)
     ]
     assert not hits, hits
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "install"),
+    [
+        ("ray", "ray", "pip install 'personalized-rewardbench[ray]'"),
+        ("vllm", "vllm", "> keep-torch.txt && pip install 'personalized-rewardbench[vllm]' "
+                         "-c keep-torch.txt (on a machine with a CUDA GPU)"),
+        ("llamacpp", "llama_cpp", "pip install 'personalized-rewardbench[local]'"),
+    ],
+)  # fmt: skip
+def test_a_missing_extra_is_one_line_before_the_first_stage_even_on_a_finished_run(
+    tmp_path, server, capsys, monkeypatch, name, module, install
+):
+    """A run whose stages are done, continued with a backend whose extra is missing: the
+    backend says so with the README's install line, exit 1, instead of "nothing to do"."""
+    import importlib.util
+
+    from conftest import disk_state, write_config
+
+    from pipeline.cli import main
+
+    cfg = write_config(tmp_path, server)
+    assert main(["run", str(cfg), "--until", "responses", "--no-progress"]) == 0
+    capsys.readouterr()
+    before = disk_state(tmp_path / "outputs")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda m, *a: None if m == module else real(m, *a)
+    )
+    model = str(gguf(tmp_path)) if name == "llamacpp" else "standin-model"
+    argv = ["run", str(cfg), "--until", "responses", "--no-progress",
+            "--set", f"backend.name={name}", "--set", f"backend.model={model}"]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: backend.name is '{name}', but {module} is not installed: ")
+    assert err[-1].endswith(install)
+    assert not any("nothing to do" in line or "] running" in line for line in err)
+    after = {k: v for k, v in disk_state(tmp_path / "outputs").items() if "gguf" not in k}
+    assert after == before  # nothing written: run.yaml and the stages as they were

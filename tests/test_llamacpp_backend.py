@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import struct
 import importlib.util
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -26,11 +26,11 @@ from conftest import write_config
 from pipeline import schemas
 from pipeline.backends import llamacpp_backend as lb
 from pipeline.backends.factory import make_backend, preflight
+from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
 from pipeline.config import Config, load_config
-from pipeline.errors import BackendError
+from pipeline.errors import BackendError, StageError
 from pipeline.llm import LLMRunner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -568,3 +568,77 @@ def test_real_grammar_answers_to_every_stage_prompt_pass_schemas_parse(real_back
         print(f"{template}: {choice.finish_reason} {choice.text[:160]!r}")
         assert choice.finish_reason == "stop", template  # the bounded schema fits max_tokens
         schemas.parse(requests[i].json_schema or {}, choice.text)
+
+
+# --- the GGUF header, checked before the run ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (gguf_bytes(version=1), "its GGUF version is 1; llama.cpp reads versions 2 and 3"),
+        (gguf_bytes(tensors=0), "counts 0 tensors and 1 metadata entries, which no model has"),
+        (gguf_bytes(kvs=1 << 40), "metadata entries, which no model has"),
+        (gguf_bytes(kvs=2), "a damaged header?"),  # the tensor read as metadata
+        (gguf_bytes(cut=1), "its tensors need 144 bytes but the file has 143"),
+        (gguf_bytes()[:30], "it ends inside its header"),
+        (b"GGUF", "it ends inside its header"),
+    ],
+)  # fmt: skip
+def test_a_gguf_that_llama_cpp_cannot_load_is_one_line_before_the_run(
+    tmp_path: Path, data: bytes, why: str
+) -> None:
+    """The whole header is read (magic, version, counts, metadata, tensor descriptions,
+    and the file long enough for its tensors): a damaged file is named by the preflight,
+    not found at the responses stage."""
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(data)
+    with pytest.raises(BackendError) as err:
+        lb.resolve_model(str(path))
+    line = str(err.value)
+    assert line.startswith(f"backend.model: {path} cannot be loaded by llama.cpp: ")
+    assert why in line and "\n" not in line
+    good = tmp_path / "good.gguf"
+    good.write_bytes(gguf_bytes())
+    assert lb.resolve_model(str(good)) == good
+
+
+def test_a_damaged_gguf_stops_prb_run_before_any_stage(tmp_path: Path, capsys, monkeypatch):
+    from pipeline.cli import main
+
+    monkeypatch.setattr(lb.Backend, "check_installed", classmethod(lambda cls, cfg: None))
+    model = tmp_path / "cut.gguf"
+    model.write_bytes(gguf_bytes(cut=8))
+    cfg = write_config(tmp_path, backend={"name": "llamacpp", "model": str(model)})
+    assert main(["run", str(cfg), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"error: backend.model: {model} cannot be loaded by llama.cpp: its tensors need 144 "
+        "bytes but the file has 136 (a cut or partial download?)"
+    )
+    assert not any("[ingest]" in line for line in err)  # before the first stage
+    assert not (tmp_path / "outputs" / "t").exists()
+
+
+def test_every_request_failing_in_process_does_not_blame_a_server(
+    fake_llama: type[FakeLlama], tmp_path: Path
+) -> None:
+    """A context too small for every prompt: the stage stops, naming the in-process engine
+    and the setting to raise, never 'the server looks down'."""
+    fake_llama.context = 5
+    backend = lb.LlamaCppBackend(cfg_for(gguf(tmp_path), context_length=64))
+    requests = [req(f"a long enough question number {i}", backend.cfg.model) for i in range(4)]
+
+    async def go() -> None:
+        with RequestCache(tmp_path / "cache.sqlite") as cache:
+            runner = LLMRunner(backend, cache, "responses", progress=False,
+                               abort_after_failures=3)  # fmt: skip
+            async for _ in runner.stream(requests):
+                pass
+
+    with pytest.raises(StageError) as err:
+        asyncio.run(go())
+    line = str(err.value)
+    assert "3 requests in a row failed; the in-process llama.cpp engine fails them" in line
+    assert "server" not in line
+    assert "raise backend.llamacpp.context_length" in line

@@ -235,7 +235,8 @@ def test_key_in_the_query_string(tmp_path, capsys, param):
         sent = [r["query"] for r in server.requests]
     out = capsys.readouterr()
     run_dir = tmp_path / "outputs" / "t"
-    assert yaml.safe_load((run_dir / "run.yaml").read_text())["backend"]["openai"]["base_url"] == masked
+    written = yaml.safe_load((run_dir / "run.yaml").read_text())
+    assert written["backend"]["openai"]["base_url"] == masked
     texts = {"show": shown.out + shown.err, "stdout": out.out, "stderr": out.err}
     assert leaks([QUERY_KEY], run_dir=run_dir, texts=texts) == []
     # the key went with every request
