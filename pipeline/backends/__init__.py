@@ -52,7 +52,7 @@ class BackendRegistry(Registry):
         cls = super().get(name)
         if fresh:  # a lazy entry, checked once it is imported
             self._check_class(name, cls)
-        return cls  # type: ignore[no-any-return]
+        return cls
 
     def answers_new(self, name: str) -> bool:
         """Whether backend ``name`` sends requests to a model (not a replay); True for a

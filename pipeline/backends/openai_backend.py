@@ -383,10 +383,10 @@ def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> di
     or the project's stand-in, which reports itself so."""
     listed = list_models(cfg)
     by_id = {m.get("id"): m for m in listed if isinstance(m, dict)}
-    for m in by_id.values():
-        if m.get("owned_by") == STANDIN_OWNER:
-            return standin_identity(m)
-    reported = {}
+    for entry in by_id.values():
+        if entry.get("owned_by") == STANDIN_OWNER:
+            return standin_identity(entry)
+    reported: dict[str, dict[str, Any] | None] = {}
     for name in sorted(set(models)):
         m = by_id.get(name)
         reported[name] = (
