@@ -67,7 +67,8 @@ def parse_text_verdict(text: str, ties: bool, which: str = "last") -> str:
     else:
         found = _RESULT.findall(tail)
     if not found:
-        raise ValueError(f"no 'Result: A' or 'Result: B' line{' first' if which == 'first' else ''} in the answer")
+        where = " first" if which == "first" else ""
+        raise ValueError(f"no 'Result: A' or 'Result: B' line{where} in the answer")
     value = found[-1].lower()
     if value == "tie":
         if not ties:

@@ -99,7 +99,9 @@ def check_weights(path: Path) -> None:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            shards = sorted(
+                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise InputError(
                 "unreadable shard index (no weight_map); download the model again", path=index
