@@ -113,3 +113,24 @@ def test_position_consistency_and_bias() -> None:
     # random.seed(42) draws 0.639, 0.025, 0.275, 0.223, 0.736: the chosen answer first
     # (order AB) for pairs 2-4, second (BA) for pairs 1 and 5 -> correct on 1, 2, 4, 5
     assert p["accuracy_reference_order"] == 0.8
+
+
+def test_reference_order_draw_restarts_for_each_subset() -> None:
+    # The reference's pairwise script runs once per subset and calls random.seed(42) each
+    # time. Subset x: draws 0.639, 0.025 -> pair 1 asked BA, pair 2 AB; subset y starts
+    # again: 0.639, 0.025, 0.275 -> pair 3 BA, pair 4 AB, pair 5 AB.
+    ab = ["A", "A", "B", "A", None]
+    ba = ["B", "A", "A", "B", "B"]
+    p = metrics.position_figures(ab, ba, subsets=["x", "x", "y", "y", "y"])
+    # pair 1 BA "B": chosen; 2 AB "A": chosen; 3 BA "A": rejected; 4 AB "A": chosen;
+    # pair 5's AB verdict failed: not scored
+    assert (p["reference_order_correct"], p["reference_order_scored"]) == (3, 4)
+    assert p["accuracy_reference_order"] == 0.75
+    assert p["reference_order_seeded_per"] == "category"
+    # one draw over the whole split (the figure before) is another figure: 0.8
+    whole = metrics.position_figures(ab, ba)
+    assert (whole["reference_order_correct"], whole["reference_order_scored"]) == (4, 5)
+    assert whole["reference_order_seeded_per"] == "split"
+    # a subset on its own gives the same draw as its part of the pooled figure
+    y = metrics.position_figures(ab[2:], ba[2:])
+    assert (y["reference_order_correct"], y["reference_order_scored"]) == (1, 2)

@@ -163,6 +163,19 @@ def test_text_format_parses_result_lines_and_never_defaults_to_a(
     m = res["settings"]["question"]["metrics"]
     assert (m["wins"], m["losses"], m["ties"], m["failed"]) == (3, 1, 1, 1)
     assert m["unparsed_verdicts"] == 2
+    assert res["scorer"]["parse"] == "last 'Result:' line"
+    # a free-text answer without a verdict is named for what it is, not "invalid_json"
+    file = tmp_path / "split-eval" / "judge-standin-model-format=text" / "question" / "scores.jsonl"
+    rows = [json.loads(x) for x in file.read_text().splitlines()]
+    (failed,) = [r for r in rows if r["pair"] == "pair-4"]
+    reasons = list(failed["failures"].values())
+    assert len(reasons) == 2 and all(r.startswith("no_verdict: no 'Result: A'") for r in reasons)
+    assert not any("invalid_json" in r for r in reasons)
+    # by.category carries the position figures, each category's draw seeded afresh
+    for cat in ("Art", "Life"):
+        pos = m["by"]["category"][cat]["position"]
+        assert pos["reference_order_seed"] == 42 and pos["pairs_both_orders"] >= 2
+    assert m["position"]["reference_order_seeded_per"] == "category"
 
 
 def test_failed_requests_make_the_run_incomplete_then_retry(
@@ -195,6 +208,24 @@ def test_failed_requests_make_the_run_incomplete_then_retry(
 )
 def test_parse_text_verdict(text: str, letter: str) -> None:
     assert parse_text_verdict(text, ties=False) == letter
+
+
+@pytest.mark.parametrize(
+    ("text", "first", "last"),
+    [
+        ("Result: A\nOn reflection, Result: B", "A", "B"),
+        ("**Result:** B then result: a", "B", "A"),
+        ("Result: maybe A\nResult: B", None, "B"),  # the reference's first has no letter
+        ("<think>Result: A</think>Reasoning: x\nResult: B", "B", "B"),
+    ],
+)
+def test_parse_first_or_last_result(text: str, first: str | None, last: str) -> None:
+    assert parse_text_verdict(text, ties=False, which="last") == last
+    if first is None:
+        with pytest.raises(ValueError, match="first"):
+            parse_text_verdict(text, ties=False, which="first")
+    else:
+        assert parse_text_verdict(text, ties=False, which="first") == first
 
 
 @pytest.mark.parametrize("text", ["I prefer A", "Result: C", "Result: tie", "<think>Result: A"])

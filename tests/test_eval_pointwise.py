@@ -232,6 +232,15 @@ def test_cli_writes_results_and_leaderboard(
         ("judge:m,format=xml", "option 'format' must be one of json, text"),
         ("judge:m,max_tokens=20", "raise max_tokens"),
         ("rm:{missing}", "no such model folder"),
+        ("rm:{rm},reduce=softmax", "option 'reduce' must be one of exact, reference"),
+        ("judge:m,format=text,parse=middle", "option 'parse' must be one of last, first"),
+        # the judge's sampling options are bounded as the config's sampling fields are
+        ("judge:m,temperature=.nan", "option 'temperature' must be a finite number"),
+        ("judge:m,temperature=-1", "option 'temperature' must be greater than or equal to 0"),
+        ("judge:m,temperature=2.5", "option 'temperature' must be less than or equal to 2"),
+        ("judge:m,max_tokens=1e23", "option 'max_tokens' expects int"),
+        ("judge:m,max_tokens=100000000000000000000000", "option 'max_tokens' must be less"),
+        ("judge:m,max_tokens=0", "option 'max_tokens' must be greater than or equal to 1"),
     ],
 )
 def test_bad_scorer_specs_are_one_line_errors(
@@ -248,6 +257,67 @@ def test_bad_scorer_specs_are_one_line_errors(
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
     assert expected in err
     assert not (tmp_path / "split-eval").exists()  # nothing written
+
+
+def test_a_cut_weights_file_is_one_line_before_anything_runs(
+    tiny_rm: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from conftest import disk_state
+
+    split = write_split(tmp_path)
+    for cut in (lambda n: n - 100, lambda n: 5):  # a cut download; a stub of a file
+        rm = tmp_path / "cut-rm"
+        shutil.rmtree(rm, ignore_errors=True)
+        shutil.copytree(tiny_rm, rm)
+        weights = rm / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: cut(weights.stat().st_size)])
+        before = disk_state(tmp_path)
+        assert _run([str(split), "--scorer", f"rm:{rm}"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {weights}") and "\n" not in err, err
+        assert "download the model again" in err and "Traceback" not in err
+        assert disk_state(tmp_path) == before  # nothing written, nothing removed
+
+
+def test_the_question_is_sent_as_given(tiny_rm: Path) -> None:
+    """Spaces and a newline at the question's ends reach the chat template untouched, as
+    the reference sends them (its question is the user turn, untrimmed)."""
+    row = {**crafted_rows()[0], "question": "  How can I practise drawing hands?\n"}
+    (pair,) = build_pairs([row], "crafted")
+    assert user_turn(pair, "question") == row["question"]
+    enc = Encoder(tiny_rm)
+    reference = enc.tok.apply_chat_template(
+        [
+            {"role": "user", "content": row["question"]},
+            {"role": "assistant", "content": row["chosen"]},
+        ],
+        tokenize=False,
+    )
+    assert enc.texts([(user_turn(pair, "question"), row["chosen"])]) == [reference]
+    assert f"<|user|> {row['question']} <|end|>" in reference
+    # with the profile, the question ends the turn as given too
+    assert user_turn(pair, "profile").endswith("Their question:\n" + row["question"])
+
+
+def test_reference_reduction_is_the_softmax_in_the_model_dtype(tiny_rm3: Path) -> None:
+    enc = Encoder(tiny_rm3)
+    ids = enc.encode(_convs()[:6])
+    exact = TransformersScorer(enc, dtype="bfloat16", progress=False)
+    ref = TransformersScorer(enc, dtype="bfloat16", progress=False, reduce="reference")
+    assert ref.info()["reduction"].startswith("reference:")
+    assert exact.info()["reduction"].startswith("exact:")
+    got_exact, got_ref = exact.score_ids(ids), ref.score_ids(ids)
+    for x, e, r in zip(ids, got_exact, got_ref, strict=True):
+        with torch.no_grad():
+            logits = ref.model(input_ids=torch.tensor([x])).logits[0]  # bf16
+        assert logits.dtype == torch.bfloat16
+        assert r == torch.softmax(logits, dim=-1)[-1].item()  # bit for bit
+        assert e == pytest.approx(torch.softmax(logits.double(), -1)[-1].item(), abs=1e-12)
+    # bf16 keeps 8 bits: the reference's probabilities are on that grid, the exact ones not
+    assert all(torch.tensor(r).bfloat16().item() == r for r in got_ref)
+    assert any(torch.tensor(e).bfloat16().item() != e for e in got_exact)
 
 
 def test_folder_without_config_and_missing_extra(

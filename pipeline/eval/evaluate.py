@@ -55,6 +55,29 @@ def _setting_block(
     return {"label": s.label, "role": s.role, "metrics": m}
 
 
+def _categories(pairs: list[EvalPair]) -> list[str] | None:
+    """Each pair's category when the split has them: the reference's subsets, each of
+    which its pairwise script shuffles with a freshly seeded draw."""
+    if not any("category" in p.groups for p in pairs):
+        return None
+    return [p.groups.get("category", "not annotated") for p in pairs]
+
+
+def _category_positions(
+    by: dict[str, Any],
+    cats: list[str] | None,
+    ab: list[str | None],
+    ba: list[str | None],
+) -> None:
+    """Position figures for each category (its reference-order draw seeded afresh, as the
+    reference's per-subset run is), under ``by.category.<value>.position``."""
+    if cats is None:
+        return
+    for value, block in by.get("category", {}).items():
+        idx = [i for i, c in enumerate(cats) if c == value]
+        block["position"] = metrics.position_figures([ab[i] for i in idx], [ba[i] for i in idx])
+
+
 def score_pointwise(
     pairs: list[EvalPair], settings: list[str], spec: ScorerSpec, *, progress: bool = True
 ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, Any]]:
@@ -144,13 +167,15 @@ def evaluate_one(
             ab = [j.letters[p.key]["AB"] for p in pairs]
             ba = [j.letters[p.key]["BA"] for p in pairs]
             outcomes[s] = [metrics.pairwise_outcome(a, b) for a, b in zip(ab, ba, strict=True)]
+            cats = _categories(pairs)
             extra = {
-                "position": metrics.position_figures(ab, ba),
+                "position": metrics.position_figures(ab, ba, subsets=cats),
                 "unparsed_verdicts": j.unparsed,
                 "failed_requests": j.transport_failed,
             }
             transport_failed += j.transport_failed
             blocks[s] = _setting_block(s, outcomes[s], pairs, n_boot, seed, extra)
+            _category_positions(blocks[s]["metrics"]["by"], cats, ab, ba)
             for p, o in zip(pairs, outcomes[s], strict=True):
                 scores.append(
                     {

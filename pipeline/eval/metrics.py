@@ -160,7 +160,10 @@ def pairwise_outcome(ab: str | None, ba: str | None) -> str | None:
 
 
 def position_figures(
-    ab: Sequence[str | None], ba: Sequence[str | None], seed: int = REFERENCE_SHUFFLE_SEED
+    ab: Sequence[str | None],
+    ba: Sequence[str | None],
+    seed: int = REFERENCE_SHUFFLE_SEED,
+    subsets: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Position consistency and bias from both orders of every pair.
 
@@ -170,8 +173,11 @@ def position_figures(
     reference script reports its absolute value). ``share_a``: verdicts answering "A".
     ``accuracy_single_order``: the mean of the two, the expected accuracy of one random order.
     ``accuracy_reference_order``: the accuracy of the one order per pair that the reference
-    script's shuffle (``random.seed(42)``, chosen first when ``random() < 0.5``, pairs in
-    split order) would have asked, for comparison with its published figures.
+    script's shuffle would have asked, for comparison with its published figures. The
+    reference runs once per subset and seeds ``random.seed(42)`` each time (chosen first
+    when ``random() < 0.5``, pairs in the subset's order): with ``subsets`` (each pair's
+    subset, e.g. its category) the draw restarts for each subset, and the figure is pooled
+    over them (``reference_order_correct`` of ``reference_order_scored``).
     """
     both = [(a, b) for a, b in zip(ab, ba, strict=True) if a is not None and b is not None]
     consistent = sum(side(ORDERS[0], a) == side(ORDERS[1], b) for a, b in both)
@@ -180,9 +186,11 @@ def position_figures(
     letters = [x for x in (*ab, *ba) if x in ("A", "B")]
     acc1 = sum(first) / len(first) if first else None
     acc2 = sum(second) / len(second) if second else None
-    rng = random.Random(seed)
+    names = list(subsets) if subsets is not None else [""] * len(ab)
+    rngs: dict[str, random.Random] = {}
     ref = []
-    for a, b in zip(ab, ba, strict=True):
+    for a, b, name in zip(ab, ba, names, strict=True):
+        rng = rngs.setdefault(name, random.Random(seed))  # one restarted draw per subset
         chosen_first = rng.random() < 0.5  # drawn for every pair, as the reference does
         verdict, order = (a, "AB") if chosen_first else (b, "BA")
         if verdict is not None:
@@ -198,5 +206,8 @@ def position_figures(
         if acc1 is not None and acc2 is not None
         else None,
         "accuracy_reference_order": _r(sum(ref) / len(ref)) if ref else None,
+        "reference_order_correct": sum(ref),
+        "reference_order_scored": len(ref),
         "reference_order_seed": seed,
+        "reference_order_seeded_per": "category" if subsets is not None else "split",
     }

@@ -2,8 +2,10 @@
 
 Every pair is asked in both A/B orders. The verdict comes from a JSON schema (``winner``
 pinned by an enum, the rationale bounded by maxLength), or, with ``format=text``, from a
-free-text "Result: A" line as the reference script asks for. A verdict that cannot be parsed
-is a recorded failure with its reason, never read as "A" (the reference script reads it as
+free-text "Result: A" line as the reference script asks for (the last such line by
+default, the first with ``parse=first`` as the reference reads it). A verdict that cannot be
+parsed is a recorded failure with its reason (``invalid_json`` for a JSON verdict,
+``no_verdict`` for a free-text one), never read as "A" (the reference script reads it as
 "A"). Answers are cached in the result folder's ``cache.sqlite``: a re-run sends nothing
 but the requests that failed to get an answer. An unparseable answer is not asked again:
 with greedy decoding the judge would say the same.
@@ -42,18 +44,31 @@ def verdict_schema(max_tokens: int, ties: bool) -> dict[str, Any]:
 
 _THINK_END = re.compile(r"</think>", re.I)
 _RESULT = re.compile(r"result\s*[:：]\s*(a|b|tie)\b", re.I)
+_RESULT_MARK = re.compile(r"result\s*[:：]", re.I)
+# The reason a free-text answer without a verdict is recorded under (a JSON one keeps the
+# cache's "invalid_json": it is one).
+TEXT_FAILURE = "no_verdict"
 
 
-def parse_text_verdict(text: str, ties: bool) -> str:
-    """The letter of the last "Result: X" line (after any </think> block, with quotes and
-    markdown emphasis removed); raises ValueError when there is none."""
+def parse_text_verdict(text: str, ties: bool, which: str = "last") -> str:
+    """The letter of the last "Result: X" (``which="last"``) or of the first "Result:"
+    (``which="first"``, as the reference script reads it: what follows its first
+    "result:" decides, and a first one without a letter is no verdict), after any
+    </think> block, with quotes and markdown emphasis removed; raises ValueError when
+    there is none."""
     parts = _THINK_END.split(text)
     if len(parts) == 1 and "<think>" in text.lower():
         raise ValueError("the answer ends inside its <think> block")
     tail = parts[-1].replace('"', "").replace("*", "")
-    found = _RESULT.findall(tail)
+    if which == "first":
+        mark = _RESULT_MARK.search(tail)
+        m = _RESULT.match(tail, mark.start()) if mark else None
+        found = [m.group(1)] if m else []
+    else:
+        found = _RESULT.findall(tail)
     if not found:
-        raise ValueError("no 'Result: A' or 'Result: B' line in the answer")
+        where = " first" if which == "first" else ""
+        raise ValueError(f"no 'Result: A' or 'Result: B' line{where} in the answer")
     value = found[-1].lower()
     if value == "tie":
         if not ties:
@@ -99,9 +114,15 @@ def build_requests(
     return reqs, meta
 
 
-def _record_failure(out: JudgeOutcome, key: str, order: str, reason: str) -> None:
+def _record_failure(
+    out: JudgeOutcome, key: str, order: str, reason: str, fmt: str = "json"
+) -> None:
+    if reason.startswith(INVALID_PREFIX) and fmt == "text":
+        # the cache files every unparseable answer under one prefix; a free-text answer
+        # is not JSON: its reason says what it is
+        reason = TEXT_FAILURE + reason[len(INVALID_PREFIX) :]
     out.reasons.setdefault(key, {})[order] = reason[:300]
-    if reason.startswith(INVALID_PREFIX):
+    if reason.startswith((INVALID_PREFIX, TEXT_FAILURE)):
         out.unparsed += 1
     else:
         out.transport_failed += 1
@@ -117,7 +138,7 @@ async def _judge(
         if fmt == "json":
             value = schemas.parse(req.json_schema or {}, text)
             return value["winner"], value["rationale"]
-        return parse_text_verdict(text, ties), ""
+        return parse_text_verdict(text, ties, spec.opt("parse")), ""
 
     out = JudgeOutcome()
     for key, _ in meta:
@@ -134,7 +155,8 @@ async def _judge(
     send = [i for i, r in enumerate(reqs) if r.key not in known]
     for i, r in enumerate(reqs):
         if r.key in known:
-            _record_failure(out, *meta[i], why.get(r.key, f"{INVALID_PREFIX}: earlier run"))
+            reason = why.get(r.key, f"{INVALID_PREFIX}: earlier run")
+            _record_failure(out, *meta[i], reason, fmt)
     async for j, outcome in runner.stream([reqs[i] for i in send], validate):
         key, order = meta[send[j]]
         if isinstance(outcome, Answer):
@@ -143,7 +165,7 @@ async def _judge(
             if rationale:
                 out.rationales.setdefault(key, {})[order] = rationale
         else:
-            _record_failure(out, key, order, outcome.reason)
+            _record_failure(out, key, order, outcome.reason, fmt)
     return out
 
 
@@ -206,6 +228,7 @@ def run_judge(
         "ties_allowed": spec.opt("ties"),
         "temperature": spec.opt("temperature"),
         "max_tokens": spec.opt("max_tokens"),
+        "parse": f"{spec.opt('parse')} 'Result:' line" if spec.opt("format") == "text" else None,
         "seed": cfg.run.seed,
         "requests": stats,
     }

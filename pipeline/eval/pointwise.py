@@ -4,7 +4,9 @@ The input is a two-turn conversation (the user turn from ``data.user_turn``, the
 as the assistant turn) rendered with the model's own chat template and tokenised once, here,
 for every engine: the transformers engine and the optional vLLM pooling engine score the very
 same token ids. The score is the single logit, or the last class's softmax probability when
-the head has several classes (as the reference script reads it).
+the head has several classes (as the reference script reads it): in float64 by default
+(``reduce=exact``), or in the model's dtype as the reference computes it
+(``reduce=reference``; in bf16 close probabilities round into ties).
 
 transformers runs bf16 on a GPU and float32 on the CPU, in batches of inputs sorted by
 length (so a batch pads to lengths close to its own), right-padded with the attention mask.
@@ -51,11 +53,93 @@ def check_model_folder(path: Path) -> None:
             path=path,
             field="--scorer rm",
         )
+    check_weights(path)
+
+
+_SAFETENSORS_HINT = "the file is damaged or was cut short; download the model again"
+
+
+def _check_safetensors(file: Path) -> None:
+    """The file's header and length, as safetensors lays them out: 8 bytes giving the
+    header's length, the JSON header, then the tensors, the last ending at the file's end.
+    Cheap (the header only) and before any model loads."""
+    import json
+
+    size = file.stat().st_size
+    with open(file, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or 8 + n > size:
+            raise InputError(f"not a whole safetensors file: {_SAFETENSORS_HINT}", path=file)
+        try:
+            header = json.loads(fh.read(n))
+            ends = [
+                int(v["data_offsets"][1])
+                for k, v in header.items()
+                if k != "__metadata__" and isinstance(v, dict)
+            ]
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            raise InputError(
+                f"unreadable safetensors header: {_SAFETENSORS_HINT}", path=file
+            ) from None
+    want = 8 + n + max(ends, default=0)
+    if want != size:
+        raise InputError(
+            f"holds {size} bytes where its header promises {want}: {_SAFETENSORS_HINT}",
+            path=file,
+        )
+
+
+def check_weights(path: Path) -> None:
+    """Every safetensors file the model folder loads (one file, or the shards its index
+    names) is whole, so a cut download is one line naming the file, before the run."""
+    import json
+
+    files = []
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(
+                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise InputError(
+                "unreadable shard index (no weight_map); download the model again", path=index
+            ) from None
+        for name in shards:
+            if not (path / name).is_file():
+                raise InputError(
+                    f"names the shard {name}, which is missing; download the model again",
+                    path=index,
+                )
+            files.append(path / name)
+    elif (path / "model.safetensors").is_file():
+        files.append(path / "model.safetensors")
+    for f in files:
+        _check_safetensors(f)
+
+
+REDUCTIONS = ("exact", "reference")
+REDUCTION_LABELS = {
+    "exact": "exact: single logit, or softmax(logits)[-1] in float64",
+    "reference": "reference: single logit, or softmax(logits)[-1] in the model's dtype, as "
+    "the reference script computes it",
+}
+
+
+def _load_errors() -> tuple[type[BaseException], ...]:
+    """What a model load raises for a bad folder: OSError and ValueError, and safetensors'
+    own error for a damaged weights file that passed the header check."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return (OSError, ValueError)
+    return (OSError, ValueError, SafetensorError)
 
 
 def reduce_logits(row: Sequence[float]) -> float:
-    """One score from a classification head's logits: the logit itself for a single output,
-    else the last class's softmax probability."""
+    """One score from a classification head's logits (the ``exact`` reduction): the logit
+    itself for a single output, else the last class's softmax probability in float64."""
     if len(row) == 1:
         return float(row[0])
     top = max(row)
@@ -63,6 +147,15 @@ def reduce_logits(row: Sequence[float]) -> float:
 
     exps = [math.exp(x - top) for x in row]
     return exps[-1] / sum(exps)
+
+
+def reduce_reference(torch: Any, logits: Any) -> list[float]:
+    """The reference script's reduction of a batch of logits in the model's dtype: the
+    logit for a single output, else ``torch.softmax(row, -1)[-1].item()`` computed in that
+    dtype. In bf16 the probability keeps 8 bits of mantissa, so close answers tie."""
+    if logits.shape[-1] == 1:
+        return [float(x) for x in logits[:, 0].float().tolist()]
+    return [float(torch.softmax(row, dim=-1)[-1].item()) for row in logits]
 
 
 class Encoder:
@@ -146,10 +239,12 @@ class TransformersScorer:
         dtype: str = "",
         trust_remote_code: bool = False,
         progress: bool = True,
+        reduce: str = "exact",
     ) -> None:
         torch, transformers = _import_torch_transformers()
         self.torch = torch
         self.encoder = encoder
+        self.reduce = reduce
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
         self.batch_size = max(1, batch_size)
@@ -163,7 +258,7 @@ class TransformersScorer:
                 local_files_only=True,
                 trust_remote_code=trust_remote_code,
             )
-        except (OSError, ValueError) as exc:
+        except _load_errors() as exc:
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
             raise InputError(
                 f"cannot load a sequence-classification model: {first}",
@@ -197,15 +292,24 @@ class TransformersScorer:
                     mask[row, : len(ids[i])] = 1
                 logits = self.model(
                     input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)
-                ).logits.float()
+                ).logits
+                if self.reduce == "reference":
+                    got = reduce_reference(torch, logits)
+                else:
+                    got = [reduce_logits(r) for r in logits.float().tolist()]
                 for row, i in enumerate(chunk):
-                    out[i] = reduce_logits(logits[row].tolist())
+                    out[i] = got[row]
                 bar.update(len(chunk))
         bar.close()
         return out
 
     def info(self) -> dict[str, Any]:
-        return {"engine": self.engine, "device": self.device, "dtype": self.dtype}
+        return {
+            "engine": self.engine,
+            "device": self.device,
+            "dtype": self.dtype,
+            "reduction": REDUCTION_LABELS[self.reduce],
+        }
 
     def close(self) -> None:
         self.model = None
@@ -226,7 +330,9 @@ class VLLMScorer:
         trust_remote_code: bool = False,
         engine_args: dict[str, Any] | None = None,
         progress: bool = True,
+        reduce: str = "exact",
     ) -> None:
+        self.reduce = reduce
         try:
             import vllm
         except ImportError:
@@ -250,10 +356,22 @@ class VLLMScorer:
         prompts = [{"prompt_token_ids": list(x)} for x in ids]
         params = self.vllm.PoolingParams(use_activation=False)
         outs = self.llm.classify(prompts, pooling_params=params, use_tqdm=self.progress)
-        return [reduce_logits(list(o.outputs.probs)) for o in outs]
+        rows = [list(o.outputs.probs) for o in outs]
+        if self.reduce == "reference" and rows and len(rows[0]) > 1:
+            # the logits back in the engine's dtype, then the reference's softmax in it
+            import torch
+
+            logits = torch.tensor(rows, dtype=getattr(torch, self.dtype, torch.bfloat16))
+            return reduce_reference(torch, logits)
+        return [reduce_logits(r) for r in rows]
 
     def info(self) -> dict[str, Any]:
-        return {"engine": self.engine, "device": "cuda", "dtype": self.dtype}
+        return {
+            "engine": self.engine,
+            "device": "cuda",
+            "dtype": self.dtype,
+            "reduction": REDUCTION_LABELS[self.reduce],
+        }
 
     def close(self) -> None:
         self.llm = None
@@ -278,6 +396,7 @@ def load_scorer(
             trust_remote_code=spec.opt("trust_remote_code"),
             engine_args=spec.vllm_args,
             progress=progress,
+            reduce=spec.opt("reduce"),
         )
     return encoder, TransformersScorer(
         encoder,
@@ -286,6 +405,7 @@ def load_scorer(
         dtype=spec.opt("dtype"),
         trust_remote_code=spec.opt("trust_remote_code"),
         progress=progress,
+        reduce=spec.opt("reduce"),
     )
 
 
@@ -306,6 +426,7 @@ def crosscheck(
         dtype=spec.opt("dtype"),
         trust_remote_code=spec.opt("trust_remote_code"),
         progress=False,
+        reduce=spec.opt("reduce"),
     )
     try:
         again = ref.score_ids(ids)

@@ -27,6 +27,8 @@ RM_OPTIONS: dict[str, tuple[type, Any, str]] = {
                        "(the reference script does; it doubles BOS on Llama 3 templates)"),
     "template": (str, "chat", "chat: the model's chat template; pair: (user turn, answer) as a "
                  "text pair, for cross-encoder reward models without a chat template"),
+    "reduce": (str, "exact", "score of a head with several classes: exact (softmax in "
+               "float64) or reference (softmax in the model's dtype, as the reference script)"),
     "trust_remote_code": (bool, False, "let transformers run code shipped with the model"),
     "crosscheck": (int, 0, "engine=vllm: also score this many pairs with transformers and "
                    "record how far the two engines differ"),
@@ -38,6 +40,8 @@ JUDGE_OPTIONS: dict[str, tuple[type, Any, str]] = {
     "ties": (bool, False, "let the judge answer 'tie' as well as A or B"),
     "max_tokens": (int, 512, "longest judge answer in tokens"),
     "temperature": (float, 0.0, "sampling temperature (greedy by default: reproducible)"),
+    "parse": (str, "last", "format=text: read the last 'Result:' of the answer, or the first "
+              "(as the reference script does)"),
     "name": (str, "", "name on the leaderboard (default: the model name)"),
 }  # fmt: skip
 _CHOICES = {
@@ -45,7 +49,11 @@ _CHOICES = {
     "dtype": ("", "bfloat16", "float16", "float32"),
     "template": ("chat", "pair"),
     "format": ("json", "text"),
+    "reduce": ("exact", "reference"),
+    "parse": ("last", "first"),
 }
+# Judge options that are the config's sampling fields, bounded as those are.
+_SAMPLING_FIELDS = ("temperature", "max_tokens")
 # Options that change no figure: left out of the result folder's name.
 _NOT_IN_SLUG = {"batch_size", "crosscheck", "name", "device"}
 
@@ -107,7 +115,28 @@ def _coerce(spec: str, key: str, raw: str, typ: type) -> Any:
         )
     if typ is int and value < 0:
         raise InputError(f"option '{key}' must be >= 0, got {raw!r}", path="--scorer", field=key)
+    if key in _SAMPLING_FIELDS:
+        _check_sampling(key, raw, value)
     return value
+
+
+def _check_sampling(key: str, raw: str, value: Any) -> None:
+    """A judge's sampling option within the bounds of the config's own field
+    (``pipeline.config.SamplingSection``: the same validators, not a copy of them), so
+    ``temperature=.nan`` or ``max_tokens=1e23`` is refused here, not by every request."""
+    from pydantic import ValidationError
+
+    from pipeline.config import SamplingSection
+
+    try:
+        SamplingSection.model_validate({key: value})
+    except ValidationError as exc:
+        why = exc.errors()[0]["msg"].replace("Input should be", "must be")
+        raise InputError(
+            f"option '{key}' {why}, got {raw!r} (bounded as the config's sampling.{key})",
+            path="--scorer",
+            field=key,
+        ) from None
 
 
 def parse_spec(text: str) -> ScorerSpec:

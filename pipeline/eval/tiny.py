@@ -31,6 +31,7 @@ def build_tiny_reward_model(
     layers: int = 2,
     seed: int = 0,
     max_positions: int = 8192,
+    head_std: float = 1.0,
 ) -> Path:
     """Write a tiny LlamaForSequenceClassification and its tokenizer to ``folder``."""
     import torch
@@ -69,9 +70,10 @@ def build_tiny_reward_model(
     )
     torch.manual_seed(seed)
     model = LlamaForSequenceClassification(config)
-    # Random init gives near-equal scores: widen the head so scores spread and ties are rare.
+    # Random init gives near-equal scores: widen the head so scores spread and ties are rare
+    # (head_std=0.02, the init's own, keeps them close: bf16 rounds them into ties).
     with torch.no_grad():
-        model.score.weight.normal_(0.0, 1.0)
+        model.score.weight.normal_(0.0, head_std)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
