@@ -49,6 +49,7 @@ for p in (ROOT, Path(__file__).resolve().parent):  # the package, and backend_th
 
 from backend_throughput import (  # noqa: E402
     LATENCY_SEED,
+    StandinProcess,
     lognormal_model,
     measure_with_fresh_server,
     run_metadata,
@@ -67,7 +68,6 @@ from pipeline.stages.responses import ResponseStage  # noqa: E402
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "generation.json"
 MODEL = "standin-model"
 TARGET = 0.9
-UNSET_URL = "http://127.0.0.1:9/v1"  # replaced by each measurement's server
 SYNTHETIC_NOTE = "synthetic benchmark data (benchmarks/generation.py); not from LaMP-QA"
 
 CATEGORIES = {
@@ -173,9 +173,8 @@ def quiet(_msg: str) -> None:
     pass
 
 
-def prepare_run(config_path: Path, n_examples: int) -> Config:
+def prepare_run(cfg: Config, n_examples: int) -> Config:
     """Ingest and rubrics (given: no LLM), checked to be the workload described above."""
-    cfg = load_config(config_path)
     stats = run_pipeline(cfg, until="rubrics", progress=False, echo=quiet)
     rub = stats["rubrics"]
     if rub["rubrics"] != n_examples or rub["items_mean"] != 3:
@@ -198,6 +197,21 @@ def stage_requests(cfg: Config) -> list[ChatRequest]:
     finally:
         ctx.close()
     return requests
+
+
+def prepare(
+    args: argparse.Namespace, work: Path, name: str, data: Path
+) -> tuple[Config, list[ChatRequest]]:
+    """A run directory through rubrics, and the responses stage's requests.
+
+    Every stage asks the server which model serves it (the backend's identity is part of
+    every request's key), so this runs against a server of its own; the stand-in reports
+    the same identity at any URL, so the requests built here are the ones each
+    measurement's fresh server receives."""
+    with StandinProcess(args.latency_ms, args.sigma, seed=LATENCY_SEED) as server:
+        cfg = load_config(write_config(work, name, data, server.base_url, args.concurrency))
+        prepare_run(cfg, args.examples)
+        return cfg, stage_requests(cfg)
 
 
 def measure_stage(cfg: Config) -> dict[str, Any]:
@@ -305,9 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(args.repeats):
             # a fresh run directory (and so a fresh cache) per repeat; the server's URL is
             # set per measurement (it is not part of any stage's fingerprint)
-            cfg_path = write_config(work, f"run{rep}", data, UNSET_URL, args.concurrency)
-            cfg = prepare_run(cfg_path, args.examples)
-            requests = stage_requests(cfg)
+            cfg, requests = prepare(args, work, f"run{rep}", data)
             order = ("backend", "stage") if rep % 2 == 0 else ("stage", "backend")
             for kind in order:
                 measure = functools.partial(
