@@ -173,8 +173,10 @@ def quiet(_msg: str) -> None:
     pass
 
 
-def prepare_run(cfg: Config, n_examples: int) -> Config:
-    """Ingest and rubrics (given: no LLM), checked to be the workload described above."""
+def prepare_run(config_path: Path, n_examples: int) -> Config:
+    """Ingest and rubrics (given: no LLM), checked to be the workload described above.
+    The config's server must be up: every stage asks it which model serves the run."""
+    cfg = load_config(config_path)
     stats = run_pipeline(cfg, until="rubrics", progress=False, echo=quiet)
     rub = stats["rubrics"]
     if rub["rubrics"] != n_examples or rub["items_mean"] != 3:
@@ -209,8 +211,8 @@ def prepare(
     the same identity at any URL, so the requests built here are the ones each
     measurement's fresh server receives."""
     with StandinProcess(args.latency_ms, args.sigma, seed=LATENCY_SEED) as server:
-        cfg = load_config(write_config(work, name, data, server.base_url, args.concurrency))
-        prepare_run(cfg, args.examples)
+        cfg = prepare_run(write_config(work, name, data, server.base_url, args.concurrency),
+                          args.examples)  # fmt: skip
         return cfg, stage_requests(cfg)
 
 
@@ -310,7 +312,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sigma", type=float, default=0.8, help="log-normal spread of the latency")
     ap.add_argument("--repeats", type=int, default=3, help="measurements of each (median)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    apply_smoke(args, examples=8, repeats=1, latency_ms=5.0)
 
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
@@ -338,6 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarize(runs, args.examples)
     result = {
         "benchmark": "generation",
+        "smoke": args.smoke,
         "examples": args.examples,
         "data": SYNTHETIC_NOTE,
         "workload": {
