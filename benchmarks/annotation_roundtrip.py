@@ -174,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             assert again["sent"] == 0 and again["already_there"] == args.tasks, again
 
             sides = {t["data"]["task_key"]: t["data"]["a_side"] for t in plan.tasks}
-            made = create_annotations(
-                client, exp["project_id"], args.annotations, args.seed, sides
-            )
+            made = create_annotations(client, exp["project_id"], args.annotations, args.seed, sides)
 
             t0 = time.perf_counter()
             imp = import_round(cfg, run_dir, 1, client=client)

@@ -422,7 +422,8 @@ def main(argv: list[str] | None = None) -> None:
 
     add_smoke_flag(ap)
     args = ap.parse_args(argv)
-    apply_smoke(args, threads="1", repeats=1, examples=1, n=1, max_tokens=8, sweep=False, sample_run=[], update=False)
+    apply_smoke(args, threads="1", repeats=1, examples=1, n=1, max_tokens=8, sweep=False,
+                sample_run=[], update=False)  # fmt: skip
     args.threads = [int(x) for x in args.threads.split(",")]
 
     import llama_cpp

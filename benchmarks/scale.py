@@ -801,7 +801,6 @@ def growth(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 work = sb["requests"] / max(sa["requests"], 1)
             else:
                 work = b["examples"] / a["examples"]
-            t = sb["wall_s"] / sa["wall_s"]
             per[stage] = ratios(sa, sb, work)
         # the commands around the run: plan's work is the examples, publish's the rows it
         # wrote, audit's the pairs it read
