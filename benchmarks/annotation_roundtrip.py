@@ -83,8 +83,11 @@ def _choice_result(letter: str) -> list[dict]:
     ]
 
 
-def create_annotations(client: Any, project_id: int, n: int, seed: int) -> dict[str, Any]:
-    """``n`` annotations: the first n/3 tasks get one from each of three API-created users."""
+def create_annotations(
+    client: Any, project_id: int, n: int, seed: int, sides: dict[str, str]
+) -> dict[str, Any]:
+    """``n`` annotations: the first n/3 tasks get one from each of three API-created users.
+    ``sides``: task_key -> a_side, from the round's plan (the server's tasks do not hold it)."""
     users = {}
     for name in ANNOTATORS:
         u = client.users.create(
@@ -102,7 +105,7 @@ def create_annotations(client: Any, project_id: int, n: int, seed: int) -> dict[
         rng.choices(["chosen", "rejected", "tie", "both bad"], [70, 20, 7, 3])[0] for _ in todo
     ]
     letters = [
-        ("A" if lab == t.data["a_side"] else "B") if lab in ("chosen", "rejected") else lab
+        ("A" if lab == sides[t.data["task_key"]] else "B") if lab in ("chosen", "rejected") else lab
         for (t, _), lab in zip(todo, labels, strict=True)
     ]
 
@@ -124,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--annotations", type=int, default=3000)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    apply_smoke(args, tasks=60, annotations=30)
 
     venv = Path(os.environ.get("PRB_LABEL_STUDIO_VENV", ROOT / ".labelstudio" / "venv"))
     work = Path(tempfile.mkdtemp(prefix="prb-bench-annot-"))
@@ -165,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             reexport_s = time.perf_counter() - t0
             assert again["sent"] == 0 and again["already_there"] == args.tasks, again
 
-            made = create_annotations(client, exp["project_id"], args.annotations, args.seed)
+            sides = {t["data"]["task_key"]: t["data"]["a_side"] for t in plan.tasks}
+            made = create_annotations(client, exp["project_id"], args.annotations, args.seed, sides)
 
             t0 = time.perf_counter()
             imp = import_round(cfg, run_dir, 1, client=client)
@@ -178,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "benchmark": "annotation round trip through a real Label Studio server",
+        "smoke": args.smoke,
         "data": f"synthetic run ({args.tasks + 300} kept pairs, seed {args.seed}); "
         f"{args.tasks - GOLD} sampled pairs + {GOLD} gold tasks; "
         f"{made['created']} annotations = {made['created'] // 3} tasks x 3 API-created users, "

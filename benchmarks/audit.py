@@ -204,7 +204,12 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args()
+    apply_smoke(args, n=300)
     with tempfile.TemporaryDirectory() as tmp:
         res = run(args.n, args.seed, Path(tmp))
     import numpy
@@ -212,6 +217,7 @@ def main() -> int:
 
     result = {
         "benchmark": "audit",
+        "smoke": args.smoke,
         "command": " ".join([".venv/bin/python", "benchmarks/audit.py", *sys.argv[1:]]),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {

@@ -365,7 +365,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sigma", type=float, default=0.8, help="log-normal spread of the latency")
     ap.add_argument("--repeats", type=int, default=1, help="measurements per variant (median)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    apply_smoke(args, requests=40, repeats=1, latency_ms=5.0)
 
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp:
@@ -394,6 +399,7 @@ def main(argv: list[str] | None = None) -> None:
 
     result = {
         "benchmark": "backend_throughput",
+        "smoke": args.smoke,
         "requests": args.requests,
         "concurrency": args.concurrency,
         "repeats": args.repeats,

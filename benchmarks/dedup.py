@@ -225,7 +225,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--num-perm", type=int, default=64)
     ap.add_argument("--bands", type=int, default=16)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    apply_smoke(args, sizes="300,600")
 
     if args.child is not None:
         print(json.dumps(child(args.child, args.seed, args.num_perm, args.bands)))
@@ -254,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
         }
     result = {
         "benchmark": "near-duplicate detection, pipeline.dedup.near_duplicate_pairs",
+        "smoke": args.smoke,
         "data": (
             f"synthetic: {VOCAB}-word made-up vocabulary, Zipf exponent {ZIPF_EXPONENT}, "
             f"45-75 words per answer, {PLANTED_SHARE:.0%} planted near-duplicates "

@@ -96,7 +96,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args()
+    apply_smoke(args, pairs=4, repeats=1, batch_size=4)
 
     import torch
 
@@ -146,6 +151,7 @@ def main() -> int:
     device = scorer.device
     result = {
         "benchmark": "eval_pointwise",
+        "smoke": args.smoke,
         "what": "pairs/s of prb eval's batched, length-sorted pointwise scoring vs one input "
         "at a time, same pairs, model and device (run alternately; best of repeats after a "
         "warm-up)",

@@ -49,6 +49,7 @@ for p in (ROOT, Path(__file__).resolve().parent):  # the package, and backend_th
 
 from backend_throughput import (  # noqa: E402
     LATENCY_SEED,
+    StandinProcess,
     lognormal_model,
     measure_with_fresh_server,
     run_metadata,
@@ -67,7 +68,6 @@ from pipeline.stages.responses import ResponseStage  # noqa: E402
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "generation.json"
 MODEL = "standin-model"
 TARGET = 0.9
-UNSET_URL = "http://127.0.0.1:9/v1"  # replaced by each measurement's server
 SYNTHETIC_NOTE = "synthetic benchmark data (benchmarks/generation.py); not from LaMP-QA"
 
 CATEGORIES = {
@@ -174,7 +174,8 @@ def quiet(_msg: str) -> None:
 
 
 def prepare_run(config_path: Path, n_examples: int) -> Config:
-    """Ingest and rubrics (given: no LLM), checked to be the workload described above."""
+    """Ingest and rubrics (given: no LLM), checked to be the workload described above.
+    The config's server must be up: every stage asks it which model serves the run."""
     cfg = load_config(config_path)
     stats = run_pipeline(cfg, until="rubrics", progress=False, echo=quiet)
     rub = stats["rubrics"]
@@ -198,6 +199,21 @@ def stage_requests(cfg: Config) -> list[ChatRequest]:
     finally:
         ctx.close()
     return requests
+
+
+def prepare(
+    args: argparse.Namespace, work: Path, name: str, data: Path
+) -> tuple[Config, list[ChatRequest]]:
+    """A run directory through rubrics, and the responses stage's requests.
+
+    Every stage asks the server which model serves it (the backend's identity is part of
+    every request's key), so this runs against a server of its own; the stand-in reports
+    the same identity at any URL, so the requests built here are the ones each
+    measurement's fresh server receives."""
+    with StandinProcess(args.latency_ms, args.sigma, seed=LATENCY_SEED) as server:
+        cfg = prepare_run(write_config(work, name, data, server.base_url, args.concurrency),
+                          args.examples)  # fmt: skip
+        return cfg, stage_requests(cfg)
 
 
 def measure_stage(cfg: Config) -> dict[str, Any]:
@@ -296,7 +312,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sigma", type=float, default=0.8, help="log-normal spread of the latency")
     ap.add_argument("--repeats", type=int, default=3, help="measurements of each (median)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    apply_smoke(args, examples=8, repeats=1, latency_ms=5.0)
 
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as tmp:
@@ -305,9 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(args.repeats):
             # a fresh run directory (and so a fresh cache) per repeat; the server's URL is
             # set per measurement (it is not part of any stage's fingerprint)
-            cfg_path = write_config(work, f"run{rep}", data, UNSET_URL, args.concurrency)
-            cfg = prepare_run(cfg_path, args.examples)
-            requests = stage_requests(cfg)
+            cfg, requests = prepare(args, work, f"run{rep}", data)
             order = ("backend", "stage") if rep % 2 == 0 else ("stage", "backend")
             for kind in order:
                 measure = functools.partial(
@@ -326,6 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarize(runs, args.examples)
     result = {
         "benchmark": "generation",
+        "smoke": args.smoke,
         "examples": args.examples,
         "data": SYNTHETIC_NOTE,
         "workload": {

@@ -417,7 +417,13 @@ def main(argv: list[str] | None = None) -> None:
         "this command, under 'updates')",
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    apply_smoke(args, threads="1", repeats=1, examples=1, n=1, max_tokens=8, sweep=False,
+                sample_run=[], update=False)  # fmt: skip
     args.threads = [int(x) for x in args.threads.split(",")]
 
     import llama_cpp
@@ -430,6 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     result: dict[str, Any] = {
         "benchmark": "local_model",
+        "smoke": args.smoke,
         "command": command,
         "date": date,
         "machine": {

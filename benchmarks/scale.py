@@ -87,6 +87,9 @@ TARGET_RSS_BYTES = 4 * 1024**3
 TARGET_GROWTH = 1.2
 TARGET_RERUN = 0.1
 SERVER_RECORDS_KEPT = 1000
+# the output throughput `prb plan` is told to assume (its time line); not a measurement
+PLAN_TOKENS_PER_SECOND = 2000.0
+COMMANDS = ("plan", "publish", "audit")
 
 # the reference's categories and their sizes (Personalized RewardBench: 767 / 989 / 1,074)
 CATEGORIES = {
@@ -243,12 +246,20 @@ def write_config(work: Path, name: str, data: Path, base_url: str, concurrency: 
 
 # ---- child processes ---------------------------------------------------------------------
 def run_child(
-    cmd: list[str], log: Path, max_seconds: float, env: dict[str, str] | None = None
+    cmd: list[str],
+    log: Path,
+    max_seconds: float,
+    env: dict[str, str] | None = None,
+    stdout: Path | None = None,
 ) -> dict[str, Any]:
-    """Run ``cmd`` to its end (or kill it after ``max_seconds``); wall, CPU, peak RSS."""
-    with open(log, "wb") as fh:
+    """Run ``cmd`` to its end (or kill it after ``max_seconds``); wall, CPU, peak RSS.
+    Its output goes to ``log`` (stdout to ``stdout`` instead, when given)."""
+    with open(log, "wb") as fh, open(stdout or os.devnull, "wb") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=out if stdout else fh, stderr=fh if stdout else
+            subprocess.STDOUT, env=env,
+        )  # fmt: skip
     timed_out = False
     deadline = t0 + max_seconds
     while True:
@@ -486,7 +497,8 @@ def cache_rows(run_dir: Path, stage: str) -> int:
 
 def llm_totals(stats: dict[str, Any]) -> dict[str, int]:
     """Sum the ``llm`` entries of a stage's stats (flat, or one per phase as in judge)."""
-    out = {"requests": 0, "cached": 0, "sent": 0, "failed": 0, "reasks": 0}
+    out = {"requests": 0, "cached": 0, "sent": 0, "failed": 0, "reasks": 0,
+           "prompt_tokens": 0, "completion_tokens": 0}  # fmt: skip
 
     def walk(d: Any) -> None:
         if not isinstance(d, dict):
@@ -515,12 +527,101 @@ def rows_digest(stage_dir: Path) -> str:
     return f"{len(lines)}:{h.hexdigest()[:16]}"
 
 
+def cli_env() -> dict[str, str]:
+    """This checkout's pipeline first on the children's path."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get(
+        "PYTHONPATH")])))  # fmt: skip
+
+
+def prb(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", *argv]
+
+
+def tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+def measure_plan(cfg: Path, logs: Path, max_seconds: float) -> dict[str, Any]:
+    """`prb plan CONFIG --json` before the run (no run directory yet): time, memory and its
+    estimate per LLM stage, compared with the run by :func:`plan_vs_run` afterwards."""
+    out = logs / "plan.json"
+    cmd = prb("plan", str(cfg), "--json", "--tokens-per-second", str(PLAN_TOKENS_PER_SECOND))
+    res = run_child(cmd, logs / "plan.log", max_seconds, cli_env(), stdout=out)
+    res["status"] = status_of(res)
+    if res["status"] == "ok":
+        plan = json.loads(out.read_text())
+        res["plan_seconds"] = plan.get("seconds")
+        res["stages"] = {
+            st["stage"]: {
+                "requests": st["total"]["requests"],
+                "to_send": st["to_send"]["requests"],
+                "prompt_tokens": st["to_send"]["prompt_tokens"],
+                "output_expected": st["to_send"]["output_expected"],
+                "output_bound": st["to_send"]["output_bound"],
+                "estimated": st["estimated"],
+            }
+            for st in plan["stages"]
+            if st["uses_llm"]
+        }
+        res["time"] = plan.get("time")
+    return res
+
+
+def plan_vs_run(plan: dict[str, Any], stages: dict[str, Any]) -> dict[str, Any]:
+    """The fresh plan's figures per LLM stage over what the first run sent and received."""
+    out: dict[str, Any] = {}
+    for name, planned in (plan.get("stages") or {}).items():
+        llm = (stages.get(name) or {}).get("llm")
+        if not llm:
+            continue
+
+        def ratio(a: Any, b: int) -> float | None:
+            return round(a / b, 3) if isinstance(a, (int, float)) and b else None
+
+        out[name] = {
+            "requests_planned": planned["to_send"],
+            "requests_sent": llm["sent"],
+            "reasks": llm["reasks"],
+            "requests_ratio": ratio(planned["to_send"], llm["sent"] - llm["reasks"]),
+            "prompt_tokens_ratio": ratio(planned["prompt_tokens"], llm["prompt_tokens"]),
+            "output_expected_ratio": ratio(planned["output_expected"], llm["completion_tokens"]),
+        }
+    return out
+
+
+def measure_publish(run_dir: Path, release: Path, logs: Path, max_seconds: float) -> dict[str, Any]:
+    """`prb publish RUN --out RELEASE`: every kept pair into the parquet release."""
+    res = run_child(prb("publish", str(run_dir), "--out", str(release)), logs / "publish.log",
+                    max_seconds, cli_env())  # fmt: skip
+    from pipeline.run.layout import RELEASE_SUMMARY
+
+    res["status"] = status_of(res)
+    summary = release / RELEASE_SUMMARY
+    if res["status"] == "ok" and summary.exists():
+        res["rows"] = json.loads(summary.read_text()).get("rows")
+    res["release_bytes"] = tree_bytes(release)
+    return res
+
+
+def measure_audit(release: Path, report: Path, logs: Path, max_seconds: float) -> dict[str, Any]:
+    """`prb audit RELEASE --out REPORT`: the published pairs' checks, probe and report."""
+    res = run_child(prb("audit", str(release), "--out", str(report)), logs / "audit.log",
+                    max_seconds, cli_env())  # fmt: skip
+    res["status"] = status_of(res)
+    figures = report / "audit.json"
+    if res["status"] == "ok" and figures.exists():
+        fig = json.loads(figures.read_text())
+        res["pairs"] = fig.get("n_pairs")
+        res["verdict"] = (fig.get("verdict") or {}).get("status")
+    res["report_bytes"] = tree_bytes(report)
+    return res
+
+
 def run_stage(
     cfg: Path, run_dir: Path, stage: str, logs: Path, tag: str, max_seconds: float
 ) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", str(cfg), "--only", stage, "--no-progress"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get(
-        "PYTHONPATH")])))  # fmt: skip
+    cmd = prb("run", str(cfg), "--only", stage, "--no-progress")
+    env = cli_env()
     before = cache_rows(run_dir, stage)
     res = run_child(cmd, logs / f"{tag}-{stage}.log", max_seconds, env)
     sd = run_dir / stage
@@ -578,6 +679,12 @@ def measure_size(args: argparse.Namespace, size: int, work: Path) -> dict[str, A
         cfg = write_config(sdir, f"scale-{size}", sdir / "synthetic_lamp.jsonl", server.base_url,
                            args.concurrency)  # fmt: skip
         run_dir = sdir / "outputs" / f"scale-{size}"
+        commands: dict[str, Any] = {}
+        entry["commands"] = commands
+        # ---- `prb plan` on the fresh config (it writes nothing)
+        commands["plan"] = plan = measure_plan(cfg, logs, args.max_seconds)
+        say(size, "plan", "-", plan)
+        plan["wrote_nothing"] = not run_dir.exists()
         # ---- first run, with the bare client after each LLM stage
         for stage in STAGES:
             r = run_stage(cfg, run_dir, stage, logs, "first", args.max_seconds)
@@ -605,6 +712,17 @@ def measure_size(args: argparse.Namespace, size: int, work: Path) -> dict[str, A
                             )
                 say(size, "bare", stage, bare)
         entry["first_run_seconds"] = round(sum(s["wall_s"] for s in stages.values()), 3)
+        entry["disk"] = {"run_bytes": tree_bytes(run_dir), "cache_bytes": cache_bytes(run_dir)}
+        if plan["status"] == "ok":
+            plan["against_run"] = plan_vs_run(plan, stages)
+        if entry["status"] == "ok":
+            # ---- the commands after the run, on every kept pair
+            release, report = sdir / "release", sdir / "audit"
+            commands["publish"] = measure_publish(run_dir, release, logs, args.max_seconds)
+            say(size, "cmd", "publish", commands["publish"])
+            if commands["publish"]["status"] == "ok":
+                commands["audit"] = measure_audit(release, report, logs, args.max_seconds)
+                say(size, "cmd", "audit", commands["audit"])
         if entry["status"] == "ok" and not args.skip_rerun:
             entry["cached_rerun"] = cached_rerun(args, cfg, run_dir, logs, stages)
     entry["server"] = {"description": server.description, **server.usage}
@@ -683,15 +801,29 @@ def growth(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 work = sb["requests"] / max(sa["requests"], 1)
             else:
                 work = b["examples"] / a["examples"]
-            t = sb["wall_s"] / sa["wall_s"]
-            per[stage] = {
-                "time_ratio": round(t, 3),
-                "work_ratio": round(work, 3),
-                "growth": round(t / work, 3),
-                "rss_ratio": round(sb["peak_rss_bytes"] / sa["peak_rss_bytes"], 3),
-            }
+            per[stage] = ratios(sa, sb, work)
+        # the commands around the run: plan's work is the examples, publish's the rows it
+        # wrote, audit's the pairs it read
+        ca, cb = a.get("commands") or {}, b.get("commands") or {}
+        for name, unit in (("plan", None), ("publish", "rows"), ("audit", "pairs")):
+            x, y = ca.get(name) or {}, cb.get(name) or {}
+            if x.get("status") != "ok" or y.get("status") != "ok":
+                continue
+            work = (y[unit] / max(x[unit], 1)) if unit else b["examples"] / a["examples"]
+            per[name] = ratios(x, y, work)
         out.append({"from": a["examples"], "to": b["examples"], "stages": per})
     return out
+
+
+def ratios(a: dict[str, Any], b: dict[str, Any], work: float) -> dict[str, float]:
+    t = b["wall_s"] / a["wall_s"]
+    return {
+        "time_ratio": round(t, 3),
+        "cpu_ratio": round(b["cpu_s"] / max(a["cpu_s"], 1e-9), 3),
+        "work_ratio": round(work, 3),
+        "growth": round(t / work, 3),
+        "rss_ratio": round(b["peak_rss_bytes"] / a["peak_rss_bytes"], 3),
+    }
 
 
 def _met(values: dict[Any, Any], ok: Any) -> bool | None:
@@ -707,7 +839,15 @@ def targets(sizes: list[dict[str, Any]], grow: list[dict[str, Any]]) -> dict[str
         for s in done
         for st in LLM_STAGES
     }
-    rss = {s["examples"]: max(v["peak_rss_bytes"] for v in s["stages"].values()) for s in done}
+    # every command: the stages, plan, publish, audit and the cached re-run
+    rss = {
+        s["examples"]: max(
+            [v["peak_rss_bytes"] for v in s["stages"].values()]
+            + [v["peak_rss_bytes"] for v in (s.get("commands") or {}).values()]
+            + [s.get("cached_rerun", {}).get("peak_rss_bytes", 0)]
+        )
+        for s in done
+    }
     worst = {
         f"{g['from']}->{g['to']}": max(v["growth"] for v in g["stages"].values()) for g in grow
     }
@@ -766,7 +906,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    apply_smoke(args, sizes="30,60", max_seconds=300.0)
     if args.bare_client:
         bare_client_main(args)
         return
@@ -815,6 +960,7 @@ def build_result(
     grow = growth(results)
     return {
         "benchmark": "scale",
+        "smoke": args.smoke,
         "data": SYNTHETIC_NOTE,
         "workload": {
             "n": N,
@@ -841,7 +987,12 @@ def build_result(
             "for all stages (the command a user re-runs; its wall time, start-up included, "
             "against the first run's total); all_cached: no request sent, no cache row added",
             "growth": "time ratio / work ratio between consecutive sizes (requests for LLM "
-            "stages, examples otherwise)",
+            "stages, rows written for publish, pairs read for audit, examples otherwise)",
+            "commands": "plan: `prb plan CONFIG --json --tokens-per-second "
+            f"{PLAN_TOKENS_PER_SECOND:g}` before the run (no run directory yet), its estimate "
+            "per LLM stage over what the run sent (against_run); publish: `prb publish RUN "
+            "--out RELEASE` after the first run; audit: `prb audit RELEASE --out REPORT`; "
+            "each one subprocess, measured as a stage is",
         },
         "max_seconds_per_stage": args.max_seconds,
         "sizes": results,

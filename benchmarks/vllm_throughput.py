@@ -225,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         help="another vllm.LLM keyword, value as JSON (repeatable), e.g. enforce_eager=true",
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    from _smoke import add_flag as add_smoke_flag
+    from _smoke import apply as apply_smoke
+
+    add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    apply_smoke(args, requests=8, repeats=1, chunk_sizes="4", max_tokens=4, users=2)
     chunk_sizes = [int(c) for c in args.chunk_sizes.split(",") if c.strip()]
 
     from pipeline.backends.vllm_backend import VERIFIED_VLLM_VERSION, VLLMBackend
@@ -264,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt_tokens = raw["prompt_tokens"] / max(len(requests), 1)
     result = {
         "benchmark": "vllm_throughput",
+        "smoke": args.smoke,
         "device": device_name(),
         "versions": versions(),
         "verified_vllm_version": VERIFIED_VLLM_VERSION,

@@ -93,16 +93,15 @@ class PairStage(Stage):
         filters = self.filters(ctx)
         pair_filters = [f for f in filters if not f.set_level]
         set_filters = [f for f in filters if f.set_level]
-        # examples are read per kept pair through an index: a profile is only held while
-        # its record is written
+        # examples, rubrics and candidates are read per judged example through an index
+        # (where each example's rows sit in the shards), never held all at once: memory
+        # stays flat in the input's size but for these offsets
         examples = self.input_stage(ctx, "ingest").index("example_id")
-        rubrics = {r["example_id"]: r for r in self.input_rows(ctx, "rubrics")}
-        # candidates are read per example through an index, not held all at once
+        rubrics = self.input_stage(ctx, "rubrics").index("example_id")
         cands_of = self.input_stage(ctx, "responses").index("example_id")
 
         kept_tmp = out.path / ".pass1-kept.jsonl.tmp"
         rejects_tmp = out.path / ".pass1-rejects.jsonl.tmp"
-        views: list[dict] = []  # what the set-level filters see of each kept pair
         pair_drops: Counter = Counter()
         dropped: Counter = Counter()
         strategies: Counter = Counter()
@@ -114,7 +113,7 @@ class PairStage(Stage):
             for judged in self.input_rows(ctx, "judge"):
                 ex_id = judged["example_id"]
                 (ex,) = examples.get(ex_id)
-                rub = rubrics[ex_id]
+                (rub,) = rubrics.get(ex_id)
                 cands = {c["candidate_id"]: c for c in cands_of.get(ex_id)}
                 passing: list[tuple[float, PairView, dict]] = []
                 outcomes = []
@@ -158,13 +157,6 @@ class PairStage(Stage):
                     row = self.record(ex, rub, view, m, judged)
                     kept_fh.write(dumps(row) + b"\n")
                     kept_n += 1
-                    if set_filters:
-                        views.append(
-                            {k: row[k] for k in ("example_id", "user_id", "question", "chosen",
-                                                 "rejected")}
-                            # interned: the examples of one user mostly share one profile
-                            | {"profile": sys.intern("\n".join(p["text"] for p in ex["profile"]))}
-                        )  # fmt: skip
                 else:
                     furthest = max(outcomes, key=lambda o: o["filters_passed"], default=None)
                     reason = furthest["reason"] if furthest else "no_pairs"
@@ -178,13 +170,19 @@ class PairStage(Stage):
                     }
                     rej_fh.write(dumps(rej) + b"\n")
 
+        del examples, rubrics, cands_of
         set_drops: Counter = Counter()
         drops: dict[str, tuple[str, str]] = {}  # example_id -> (filter, detail)
-        for f in set_filters:
-            found = f.apply([v for v in views if v["example_id"] not in drops])
-            for ex_id, why in found.items():
-                drops.setdefault(ex_id, (f.name, why))
-        del views
+        if set_filters:
+            # a set-level filter compares every kept pair with every other, so it needs
+            # them all at once; it gets only the fields it reads, from the kept pairs
+            # written above, after the per-example state is gone
+            views = [_view(row) for row in _read_lines(kept_tmp)]
+            for f in set_filters:
+                found = f.apply([v for v in views if v["example_id"] not in drops])
+                for ex_id, why in found.items():
+                    drops.setdefault(ex_id, (f.name, why))
+            del views
 
         chunk = ctx.config.responses.chunk_size
         buffer: list[dict] = []
@@ -296,6 +294,14 @@ class PairStage(Stage):
                 "judge": judged.get("provenance"),
             },
         }
+
+
+def _view(row: dict) -> dict:
+    """What the set-level filters see of a kept pair record."""
+    return {k: row[k] for k in ("example_id", "user_id", "question", "chosen", "rejected")} | {
+        # interned: the examples of one user mostly share one profile
+        "profile": sys.intern("\n".join(p["text"] for p in row["profile"]))
+    }
 
 
 def _read_lines(path: Path) -> Iterator[dict]:

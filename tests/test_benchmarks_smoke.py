@@ -1,0 +1,151 @@
+"""Every script under benchmarks/ runs at a tiny size (``--smoke``) and writes its figures.
+
+A benchmark whose script no longer runs fails here, so a figure in benchmarks/results/
+cannot outlive the script that made it. Parametrized over every ``benchmarks/*.py``: a new
+benchmark without ``--smoke`` (or without an entry in ``CHECKS``) fails. Timings are not
+checked, only that the run completed and its file holds what the script measures; and a
+smoke run never writes into benchmarks/results/.
+
+Scripts that need Label Studio, Ray or llama.cpp carry those markers (CI runs them; the
+llama.cpp one in CI's second part); vllm_throughput runs against the fake ``vllm``
+package of tests/test_gpu_scripts.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+RESULTS = BENCH / "results"
+SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+
+
+def _scale(r: dict[str, Any]) -> None:
+    assert [s["examples"] for s in r["sizes"]] == [30, 60]
+    for size in r["sizes"]:
+        assert size["status"] == "ok"
+        assert all(st["status"] == "ok" for st in size["stages"].values())
+        for stage in ("responses", "judge"):
+            st = size["stages"][stage]
+            assert st["bare"]["status"] == "ok" and st["ratio_vs_bare"] > 0
+            assert st["cache_rows_added"] == st["bare"]["requests"] > 0
+        rerun = size["cached_rerun"]
+        assert rerun["status"] == "ok"
+        for stage, st in rerun["stages"].items():
+            assert st["rows_identical_to_first_run"], stage
+            if stage in ("responses", "judge"):
+                assert st["all_cached"] and st["llm"]["sent"] == 0
+        cmds = size["commands"]
+        assert cmds["plan"]["status"] == "ok" and cmds["plan"]["wrote_nothing"]
+        assert set(cmds["plan"]["against_run"]) == {"responses", "judge"}
+        assert cmds["publish"]["status"] == "ok" and cmds["publish"]["rows"] > 0
+        assert cmds["audit"]["pairs"] == cmds["publish"]["rows"]
+    (g,) = r["growth"]
+    assert set(g["stages"]) >= {"ingest", "pairs", "plan", "publish", "audit"}
+
+
+CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "annotation_roundtrip": lambda r: r["figures"]["export_tasks"] == 60,
+    "audit": lambda r: r["result"]["n"] == 300 and r["result"]["pairs_flagged"] >= 0,
+    "backend_throughput": lambda r: all(x["ok"] == 40 for x in r["runs"]),
+    "dedup": lambda r: [x["n"] for x in r["runs"]] == [300, 600],
+    "eval_pointwise": lambda r: set(r["settings"]) == {"question", "profile"},
+    "generation": lambda r: (
+        r["workload"]["requests"] == 16 and r["summary"]["stage_requests_per_s"] > 0
+    ),
+    "local_model": lambda r: r["compare"]["summary"] != {},
+    "plan": lambda r: (
+        set(r["settings"]) == {"standin", "no_server", "after_pilot"}
+        and r["plan_against_run"]["stages"]["judge"]["requests_sent"] > 0
+    ),
+    "ray_scaling": lambda r: r["measured"]["by_workers"]["1"]["steady_requests_per_s"] > 0,
+    "scale": _scale,
+    "vllm_throughput": lambda r: set(r["figures"]) == {"raw", "backend@4"},
+}
+MARKS = {
+    "annotation_roundtrip": [pytest.mark.labelstudio],
+    "local_model": [pytest.mark.llamacpp],
+    "ray_scaling": [pytest.mark.ray],
+}
+
+
+def _skip_without_needs(name: str) -> None:
+    """Skip a script whose engine is not installed here (under CI a skip fails)."""
+    needs = {"annotation_roundtrip": "label_studio_sdk", "local_model": "llama_cpp",
+             "ray_scaling": "ray"}  # fmt: skip
+    module = needs.get(name)
+    if module and importlib.util.find_spec(module) is None:
+        pytest.skip(f"benchmarks/{name}.py needs {module}, which is not installed")
+    if name == "annotation_roundtrip":
+        venv = Path(os.environ.get("PRB_LABEL_STUDIO_VENV", ROOT / ".labelstudio" / "venv"))
+        if not (venv / "bin" / "label-studio").exists():
+            pytest.skip(f"no Label Studio server venv at {venv} (PRB_LABEL_STUDIO_VENV)")
+
+
+def _results_state() -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in RESULTS.iterdir()}
+
+
+def _env(tmp_path: Path, name: str) -> tuple[dict[str, str], list[str]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    extra: list[str] = []
+    if name == "vllm_throughput":
+        from test_gpu_scripts import FAKE_SAMPLING_PARAMS, FAKE_VLLM
+
+        pkg = tmp_path / "fake" / "vllm"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(FAKE_VLLM)
+        (pkg / "sampling_params.py").write_text(FAKE_SAMPLING_PARAMS)
+        model = tmp_path / "model"
+        model.mkdir()
+        (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "fake"), env["PYTHONPATH"]])
+        env["FAKE_VLLM_LOG"] = str(tmp_path / "vllm-calls.jsonl")
+        extra = ["--model", str(model), "--load-format", "dummy"]
+    return env, extra
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS.get(n, []), id=n) for n in SCRIPTS])
+def test_benchmark_smoke_run_writes_its_figures(name: str, tmp_path: Path) -> None:
+    assert name in CHECKS, f"benchmarks/{name}.py: add its smoke check to CHECKS here"
+    _skip_without_needs(name)
+    out = tmp_path / f"{name}.json"
+    env, extra = _env(tmp_path, name)
+    before = _results_state()
+    cmd = [sys.executable, str(BENCH / f"{name}.py"), "--smoke", "--out", str(out), *extra]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    result = json.loads(out.read_text())
+    assert result["smoke"] is True
+    assert CHECKS[name](result) is not False, json.dumps(result)[:3000]
+    assert _results_state() == before, "a smoke run changed benchmarks/results/"
+
+
+def test_smoke_run_never_writes_into_results(tmp_path: Path) -> None:
+    """--smoke with the default --out (benchmarks/results/dedup.json) goes to a temporary
+    folder instead, and says where."""
+    before = _results_state()
+    env, _ = _env(tmp_path, "dedup")
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "dedup.py"), "--smoke"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _results_state() == before
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("smoke run: figures go to"))
+    written = Path(line.rsplit(" ", 1)[1])
+    assert written.name == "dedup.json" and written.parent != RESULTS
+    assert json.loads(written.read_text())["smoke"] is True
+    written.unlink()
+    written.parent.rmdir()
