@@ -12,7 +12,6 @@ import difflib
 import json
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +26,9 @@ from pydantic import (
 )
 
 from pipeline.errors import ConfigError
+from pipeline.inputs import FORMATS
+# path_kind moved to pipeline.io (the input readers sit below config); importers here keep working
+from pipeline.io import path_kind  # noqa: F401
 from pipeline.redact import public_url, redact, register_names, register_value, url_secrets
 from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
 from pipeline.rules import default as rule_default
@@ -119,25 +121,57 @@ class RunSection(_Section):
 
 
 class InputSection(_Section):
-    format: Literal["lamp", "generic", "hf"] = Field(
+    format: str = Field(
         "lamp",
-        description="lamp: LaMP-QA-style JSONL; generic: users.jsonl + questions.jsonl; "
-        "hf: a `datasets` folder or a parquet file with a column mapping.",
+        description="A registered input format (docs/inputs.md): lamp: LaMP-QA-style JSONL; "
+        "generic: users.jsonl + questions.jsonl; hf: a `datasets` folder or a parquet file "
+        "with a column mapping; hub: a dataset on the Hugging Face Hub.",
     )
     path: Path | None = Field(
         None, description="lamp: the JSONL file; hf: the dataset folder or parquet file."
     )
     users_path: Path | None = Field(None, description="generic: the users JSONL file.")
     questions_path: Path | None = Field(None, description="generic: the questions JSONL file.")
-    split: str | None = Field(None, description="hf: split to read from a DatasetDict folder.")
+    dataset: str | None = Field(
+        None,
+        description="hub: the dataset's Hub name (e.g. alireza7/LaMP-QA) or a local dataset "
+        "repository folder.",
+    )
+    configs: list[str] = Field(
+        default_factory=list,
+        description="hub: the configs to read, in order; each config's name is the category "
+        "of its rows that carry none; empty: the dataset's default config.",
+    )
+    revision: str | None = Field(None, description="hub: a branch, tag or commit; none: main.")
+    cache_dir: Path | None = Field(
+        None, description="hub: the datasets cache folder; none: HF_DATASETS_CACHE or its default."
+    )
+    split: str | None = Field(
+        None, description="hf: split to read from a DatasetDict folder; hub: the split to load."
+    )
     columns: dict[str, str] = Field(
         default_factory=dict,
-        description="hf: our field name -> the source column name (e.g. {question: query}).",
+        description="hf, hub: our field name -> the source column name (e.g. {question: query}).",
     )
     # upper bounds on counts guard against typos (an extra zero or two), not real inputs
     limit: int | None = Field(
         None, ge=1, le=1_000_000_000, description="Read at most this many examples."
     )
+
+    @field_validator("format")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        # the list of formats is the registry's (pipeline/inputs/), not kept here
+        if v not in FORMATS:
+            raise ValueError(FORMATS.unknown(v))
+        return v
+
+    @field_validator("configs")
+    @classmethod
+    def _unique_configs(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("configs must not repeat")
+        return v
 
 
 class VLLMSection(_Section):
@@ -798,6 +832,7 @@ PATH_FIELDS = (
     "input.path",
     "input.users_path",
     "input.questions_path",
+    "input.cache_dir",
     "backend.replay_cache",
 )
 
@@ -903,30 +938,6 @@ class ConfigLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_PATH_KINDS = (
-    (stat.S_ISREG, "a file"),
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a named pipe"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def path_kind(path: str | Path) -> str | None:
-    """What is at ``path`` (links followed): "a file", "a folder", "a named pipe", "a
-    character device"...; None when nothing is. Only stat()s: never opens it."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        return None  # a parent is a file: nothing can be there
-    except OSError as exc:
-        return f"unreadable ({exc.strerror or exc})"
-    return next((name for test, name in _PATH_KINDS if test(mode)), "a special file")
-
-
 def check_input_path(
     path: Path,
     want: Literal["file", "folder or parquet file"],
@@ -965,16 +976,7 @@ def check_input_path(
 
 def _check_input_paths(cfg: Config, source: str) -> None:
     """Every input path the config names is what its format reads (nothing is read yet)."""
-    c = cfg.input
-    wanted: list[tuple[str, Path | None, Literal["file", "folder or parquet file"]]] = []
-    if c.format == "lamp":
-        wanted.append(("input.path", c.path, "file"))
-    elif c.format == "generic":
-        wanted += [("input.users_path", c.users_path, "file")]
-        wanted += [("input.questions_path", c.questions_path, "file")]
-    else:
-        wanted.append(("input.path", c.path, "folder or parquet file"))
-    for field, p, want in wanted:
+    for field, p, want in FORMATS.get(cfg.input.format).path_fields(cfg.input):
         resolved = cfg.resolve_input(p)
         if resolved is not None:
             check_input_path(resolved, want, field=field, source=source)
