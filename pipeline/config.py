@@ -389,13 +389,29 @@ class ProfileSection(_Section):
     top_k: int = Field(
         10, ge=1, le=10_000, description="Past posts kept per example, most relevant first."
     )
-    ranker: Literal["bm25", "embedding"] = Field(
-        "bm25", description="bm25: lexical, no model; embedding: sentence-transformers."
+    ranker: Literal["bm25", "embedding", "contriever"] = Field(
+        "bm25",
+        description="bm25: lexical, no model; embedding: sentence-transformers; contriever: "
+        "a transformers encoder, mean pooling and dot product (the reference's ranking).",
     )
     embedding_model: str = Field(
         "all-MiniLM-L6-v2",
         description="embedding: a local sentence-transformers model path or name.",
     )
+    contriever_model: str = Field(
+        "facebook/contriever-msmarco",
+        description="contriever: a transformers encoder's Hub name or local folder.",
+    )
+    batch_size: int = Field(
+        16, ge=1, le=4096, description="contriever: texts per encoder forward pass."
+    )
+
+    @property
+    def model(self) -> str:
+        """The chosen ranker's model ("" for bm25, which needs none)."""
+        return {"embedding": self.embedding_model, "contriever": self.contriever_model}.get(
+            self.ranker, ""
+        )
 
 
 class RubricsSection(_Section):

@@ -298,6 +298,9 @@ class HubFormat(InputFormat):
         c = self.section
         where = self._label(config)
         cache_dir = self.resolve(c.cache_dir)
+        # datasets' own progress bars would break into prb's progress lines
+        bars = datasets.utils.logging.is_progress_bar_enabled()
+        datasets.disable_progress_bars()
         try:
             ds = datasets.load_dataset(
                 self._source(),
@@ -310,6 +313,9 @@ class HubFormat(InputFormat):
             raise
         except Exception as exc:  # datasets raises ConnectionError, ValueError, FileNotFoundError...
             raise self._load_error(exc, config, where) from None
+        finally:
+            if bars:
+                datasets.enable_progress_bars()
         return _pick_split(ds, c.split, where)
 
     def _load_error(self, exc: Exception, config: str | None, where: str) -> InputError:

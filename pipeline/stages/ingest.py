@@ -56,11 +56,17 @@ class IngestStage(Stage):
 
     def settings(self, ctx: Context) -> dict[str, Any]:
         digests = {str(p): _file_digest(p) for p in self._inputs(ctx) if p.exists()}
-        return {
-            "input": ctx.config.input.model_dump(mode="json"),
-            "input_digests": digests,
-            "profile": ctx.config.profile.model_dump(mode="json"),
-        }
+        # The Hub and contriever settings came later: left at their defaults they stay out,
+        # so a run made before them keeps its fingerprint. Where the datasets cache lives
+        # and the encoder's batch size decide no row.
+        inp = ctx.config.input.model_dump(mode="json", exclude={"cache_dir"})
+        for key in ("dataset", "configs", "revision"):
+            if not inp[key]:
+                del inp[key]
+        prof = ctx.config.profile.model_dump(mode="json", exclude={"batch_size"})
+        if prof["ranker"] != "contriever":
+            del prof["contriever_model"]
+        return {"input": inp, "input_digests": digests, "profile": prof}
 
     @staticmethod
     def profile_view(ctx: Context, example: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +75,7 @@ class IngestStage(Stage):
 
         p = ctx.config.profile
         order = rank_profile(
-            example["question"], example["profile"], p.top_k, p.ranker, p.embedding_model
+            example["question"], example["profile"], p.top_k, p.ranker, p.model, p.batch_size
         )
         return {"ranker": p.ranker, "top_k": p.top_k, "order": order}
 
