@@ -995,7 +995,14 @@ def _check_input_paths(cfg: Config, source: str) -> None:
     for field, p, want in FORMATS.get(cfg.input.format).path_fields(cfg.input):
         resolved = cfg.resolve_input(p)
         if resolved is not None:
-            check_input_path(resolved, want, field=field, source=source)
+            try:
+                check_input_path(resolved, want, field=field, source=source)
+            except ConfigError as exc:
+                other = FORMATS.detect(resolved)
+                if other is None or other == cfg.input.format:
+                    raise
+                hint = f"; it looks like input.format '{other}'"
+                raise ConfigError(exc.reason + hint, path=source, field=field) from None
     if cfg.backend.name == "replay" and cfg.backend.replay_cache is not None:
         replay = cfg.resolve_input(cfg.backend.replay_cache)
         if replay is not None:

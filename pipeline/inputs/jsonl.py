@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.errors import InputError
 from pipeline.inputs.base import (
     DEFAULT_KEYS,
+    FORMATS,
     InputFormat,
     Loc,
     PathWant,
@@ -120,21 +121,43 @@ def read_jsonl(path: Path) -> Iterator[tuple[Loc, dict]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise loc.fail(
-                    None,
-                    f"not valid UTF-8 ({exc.reason} at byte {exc.start} of the line); "
-                    "save the file as UTF-8",
+                raise _other_format(
+                    loc.fail(
+                        None,
+                        f"not valid UTF-8 ({exc.reason} at byte {exc.start} of the line); "
+                        "save the file as UTF-8",
+                    ),
+                    path,
+                    first=not found,
                 ) from None
             if not line.strip():
                 continue
+            try:
+                obj = parse_line(line, loc)
+            except InputError as exc:
+                raise _other_format(exc, path, first=not found) from None
             found = True
-            yield loc, parse_line(line, loc)
+            yield loc, obj
     if not found:
         raise InputError(
             "the file holds no rows (it is empty or blank); point the config at the input "
             "file with the data",
             path=path,
         )
+
+
+def _other_format(exc: InputError, path: Path, *, first: bool) -> InputError:
+    """The error, naming the format the file looks like when its very first row fails
+    (a parquet file given as JSONL is not "invalid UTF-8 on line 1" to its owner)."""
+    other = FORMATS.detect(path) if first else None
+    if other is None or other in ("lamp", "generic"):
+        return exc
+    return InputError(
+        f"{exc.reason}; the file looks like input.format '{other}'",
+        path=exc.path,
+        line=exc.line,
+        field=exc.field,
+    )
 
 
 def count_lines(path: Path) -> int:

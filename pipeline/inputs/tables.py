@@ -288,8 +288,9 @@ class HubFormat(InputFormat):
         return (
             "on a machine with network run: python -c \"import datasets; "
             f"[datasets.load_dataset({c.dataset!r}, c{split}) for c in ({cfgs},)]\" "
-            "and copy its datasets cache (HF_DATASETS_CACHE, default "
-            "~/.cache/huggingface/datasets) here, or point input.dataset at a local copy"
+            "then copy that machine's datasets cache folder (HF_DATASETS_CACHE, default "
+            "~/.cache/huggingface/datasets) here and point HF_DATASETS_CACHE or "
+            "input.cache_dir at it, or point input.dataset at a local copy of the repository"
         )
 
     def _load(self, config: str | None) -> Any:
@@ -321,7 +322,7 @@ class HubFormat(InputFormat):
     def _load_error(self, exc: Exception, config: str | None, where: str) -> InputError:
         import datasets
 
-        text = " ".join(str(exc).split())
+        text = " ".join(str(exc).split()).rstrip(".")
         if config is not None and ("BuilderConfig" in text or "not found. Available" in text):
             return InputError(
                 f"config {config!r} not found ({text}); fix input.configs",
