@@ -144,7 +144,13 @@ def _contriever(model: str) -> tuple[Any, Any, str, int]:
             "profile.ranker 'contriever' needs transformers and torch: "
             "pip install 'personalized-rewardbench[contriever]'"
         ) from exc
+    from transformers.utils import logging as tf_logging
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    # transformers' "Loading weights" bar would break into prb's own progress lines
+    verbosity, bars = tf_logging.get_verbosity(), tf_logging.is_progress_bar_enabled()
+    tf_logging.set_verbosity_error()
+    tf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)
         encoder = AutoModel.from_pretrained(model).to(device).eval()
@@ -158,6 +164,10 @@ def _contriever(model: str) -> tuple[Any, Any, str, int]:
             "and copy its Hugging Face cache (HF_HOME, default ~/.cache/huggingface) here, or "
             "set profile.contriever_model to a local model folder"
         ) from None
+    finally:
+        tf_logging.set_verbosity(verbosity)
+        if bars:
+            tf_logging.enable_progress_bar()
     # the tokenizer may not know the model's limit (model_max_length is then a huge number)
     longest = min(
         int(tokenizer.model_max_length),

@@ -60,3 +60,20 @@ def build_lamp_repo(
     card += ["---", "", "A local stand-in of alireza7/LaMP-QA's layout (tests only).", ""]
     (folder / "README.md").write_text("\n".join(card), encoding="utf-8")
     return folder
+
+
+def cache_as_hub(cache_dir: Path, work: Path, name: str = "alireza7/LaMP-QA") -> Path:
+    """Fill a datasets cache as loading ``name`` from the Hub would, for every config:
+    prepared from a local repository named like the Hub one, then moved under the Hub
+    name's cache folder, where offline ``load_dataset(name, CONFIG)`` finds it."""
+    import shutil
+
+    import datasets
+
+    owner, repo_name = name.split("/")
+    repo = build_lamp_repo(work / repo_name)
+    for config in CONFIGS:
+        datasets.load_dataset(str(repo), config, split="test", cache_dir=str(cache_dir))
+    local = cache_dir / datasets.naming.camelcase_to_snakecase(repo_name)
+    shutil.move(local, cache_dir / f"{owner}___{local.name}")
+    return cache_dir

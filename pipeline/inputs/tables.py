@@ -299,9 +299,12 @@ class HubFormat(InputFormat):
         c = self.section
         where = self._label(config)
         cache_dir = self.resolve(c.cache_dir)
-        # datasets' own progress bars would break into prb's progress lines
+        # datasets' progress bars and notes ("Using the latest cached version...") would
+        # break into prb's own lines; its errors still come back as exceptions
         bars = datasets.utils.logging.is_progress_bar_enabled()
+        verbosity = datasets.utils.logging.get_verbosity()
         datasets.disable_progress_bars()
+        datasets.utils.logging.set_verbosity_error()
         try:
             ds = datasets.load_dataset(
                 self._source(),
@@ -315,6 +318,7 @@ class HubFormat(InputFormat):
         except Exception as exc:  # datasets raises ConnectionError, ValueError, FileNotFoundError...
             raise self._load_error(exc, config, where) from None
         finally:
+            datasets.utils.logging.set_verbosity(verbosity)
             if bars:
                 datasets.enable_progress_bars()
         return _pick_split(ds, c.split, where)
