@@ -27,8 +27,7 @@ from pydantic import (
 
 from pipeline.errors import ConfigError
 from pipeline.inputs import FORMATS
-# path_kind moved to pipeline.io (the input readers sit below config); importers here keep working
-from pipeline.io import path_kind  # noqa: F401
+from pipeline.io import path_kind  # here too for its importers; it lives in io, below the readers
 from pipeline.redact import public_url, redact, register_names, register_value, url_secrets
 from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
 from pipeline.rules import default as rule_default

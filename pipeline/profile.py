@@ -159,8 +159,8 @@ def _contriever(model: str) -> tuple[Any, Any, str, int]:
         first = " ".join(str(exc).split())[:300]
         raise BackendError(
             f"profile.contriever_model {model!r} cannot be loaded ({first}); on a machine "
-            "with network run: python -c \"from transformers import AutoModel, AutoTokenizer; "
-            f"AutoTokenizer.from_pretrained({model!r}); AutoModel.from_pretrained({model!r})\" "
+            'with network run: python -c "from transformers import AutoModel, AutoTokenizer; '
+            f'AutoTokenizer.from_pretrained({model!r}); AutoModel.from_pretrained({model!r})" '
             "and copy its Hugging Face cache (HF_HOME, default ~/.cache/huggingface) here, or "
             "set profile.contriever_model to a local model folder"
         ) from None
@@ -199,7 +199,9 @@ def mean_pooled(texts: list[str], model: str, batch_size: int = 16) -> Any:
     return torch.cat(out).numpy()
 
 
-def contriever_scores(question: str, posts: list[dict[str, Any]], model: str, batch_size: int = 16) -> Any:
+def contriever_scores(
+    question: str, posts: list[dict[str, Any]], model: str, batch_size: int = 16
+) -> Any:
     """Each post's dot product with the question, both mean-pooled (the reference's score)."""
     query = mean_pooled([question], model, batch_size)[0]
     docs = mean_pooled([p.get("text", "") for p in posts], model, batch_size)

@@ -4,15 +4,16 @@ computation of mean pooling over the attention mask and the dot product gives.""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 
 import pytest
 
 from pipeline.errors import BackendError
 
-if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
-    if not os.environ.get("CI"):
-        pytest.skip("transformers/torch not installed (the contriever extra)", allow_module_level=True)
+_missing = [m for m in ("transformers", "torch") if importlib.util.find_spec(m) is None]
+if _missing and not os.environ.get("CI"):
+    pytest.skip("the contriever extra is not installed", allow_module_level=True)
 
 QUESTION = "how do i stop my watercolor paint getting mud colors"
 POSTS = [
@@ -57,7 +58,7 @@ def test_ranking_equals_mean_pooling_and_dot_product_by_hand(encoder):
     want = sorted(range(len(POSTS)), key=lambda i: -expected[i])
     gaps = sorted(expected)
     # the test means something only if no two scores are near a tie
-    assert min(b - a for a, b in zip(gaps, gaps[1:], strict=False)) > 1e-4
+    assert min(b - a for a, b in itertools.pairwise(gaps)) > 1e-4
 
     # batch size 4: the posts are padded to the longest of their batch, and two batches
     got = rank_profile(QUESTION, POSTS, k=6, ranker="contriever", model=encoder, batch_size=4)
@@ -70,7 +71,6 @@ def test_ranking_equals_mean_pooling_and_dot_product_by_hand(encoder):
 
 def test_ingest_records_the_contriever_view(encoder, tmp_path):
     import json
-
     from types import SimpleNamespace
 
     from pipeline.config import load_config
@@ -84,7 +84,8 @@ def test_ingest_records_the_contriever_view(encoder, tmp_path):
         f"contriever_model: {encoder}}}\n"
     )
     cfg = load_config(cfg_path)
-    view = IngestStage.profile_view(SimpleNamespace(config=cfg), {"question": QUESTION, "profile": POSTS})
+    example = {"question": QUESTION, "profile": POSTS}
+    view = IngestStage.profile_view(SimpleNamespace(config=cfg), example)  # type: ignore[arg-type]
     from pipeline.profile import rank_contriever
 
     assert view == {

@@ -70,7 +70,12 @@ def test_rows_with_a_category_keep_it_and_columns_map(tmp_path):
         columns=("id", "query", "profile", "category"),
     )
     got = load_examples(
-        _hub(repo, tmp_path / "cache", configs=["Society_and_Culture"], columns={"question": "query"})
+        _hub(
+            repo,
+            tmp_path / "cache",
+            configs=["Society_and_Culture"],
+            columns={"question": "query"},
+        )
     )
     assert [r["question"] for r in got] == [r["question"] for r in rows]
     # the rows carry a category: the config's name does not replace it
@@ -106,7 +111,7 @@ def test_a_wrong_config_split_or_column_is_one_line(repo, tmp_path, over, field,
 
 
 def test_input_dataset_is_required(tmp_path):
-    with pytest.raises(InputError, match="input.dataset must be set for input.format 'hub'"):
+    with pytest.raises(InputError, match=r"input\.dataset must be set for input\.format 'hub'"):
         load_examples(InputSection(format="hub", split="test"))
 
 

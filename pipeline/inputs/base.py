@@ -166,7 +166,7 @@ FORMATS = FormatRegistry()
 
 def register_format(name: str) -> Callable[[type[InputFormat]], type[InputFormat]]:
     """Class decorator: ``@register_format("csv") class CsvFormat(InputFormat): ...``."""
-    return FORMATS.register(name)  # type: ignore[no-any-return]
+    return FORMATS.register(name)
 
 
 # ---------------------------------------------------------------------------------------

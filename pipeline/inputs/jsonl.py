@@ -99,7 +99,7 @@ def _open(path: Path) -> Any:
             f"is {kind}, not a JSONL file; point the config at the input file", path=path
         )
     try:
-        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+        return open(path, "rb")  # the caller closes it
     except FileNotFoundError:
         raise InputError("input file not found", path=path) from None
     except IsADirectoryError:

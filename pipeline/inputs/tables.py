@@ -139,8 +139,7 @@ def _pick_split(ds: Any, split: str | None, where: Path | str) -> Any:
     if split is None:
         if len(splits) != 1:
             raise InputError(
-                f"the dataset holds several splits; set input.split to one of: "
-                f"{', '.join(splits)}",
+                f"the dataset holds several splits; set input.split to one of: {', '.join(splits)}",
                 path=where,
                 field="split",
             )
@@ -286,8 +285,8 @@ class HubFormat(InputFormat):
         cfgs = ", ".join(repr(x) for x in self._configs())
         split = f", split={c.split!r}" if c.split else ""
         return (
-            "on a machine with network run: python -c \"import datasets; "
-            f"[datasets.load_dataset({c.dataset!r}, c{split}) for c in ({cfgs},)]\" "
+            'on a machine with network run: python -c "import datasets; '
+            f'[datasets.load_dataset({c.dataset!r}, c{split}) for c in ({cfgs},)]" '
             "then copy that machine's datasets cache folder (HF_DATASETS_CACHE, default "
             "~/.cache/huggingface/datasets) here and point HF_DATASETS_CACHE or "
             "input.cache_dir at it, or point input.dataset at a local copy of the repository"
@@ -315,7 +314,7 @@ class HubFormat(InputFormat):
             )
         except InputError:
             raise
-        except Exception as exc:  # datasets raises ConnectionError, ValueError, FileNotFoundError...
+        except Exception as exc:  # ConnectionError, ValueError, FileNotFoundError...
             raise self._load_error(exc, config, where) from None
         finally:
             datasets.utils.logging.set_verbosity(verbosity)
@@ -372,4 +371,3 @@ class HubFormat(InputFormat):
                 raise InputError(
                     "the dataset holds no rows; check input.configs and input.split", path=where
                 )
-
