@@ -149,3 +149,17 @@ def test_offline_and_not_cached_says_what_to_download(tmp_path):
         "datasets.load_dataset('alireza7/LaMP-QA', c, split='test') for c in "
         "('Art_and_Entertainment', 'Society_and_Culture',)" in line
     )
+
+
+def test_an_id_in_two_configs_names_both(tmp_path):
+    rows = sample_rows()
+    art = [r for r in rows if r["category"] == CONFIGS[0]]
+    repeat = [dict(r, id=art[1]["id"]) if i == 2 else r for i, r in enumerate(
+        [r for r in rows if r["category"] == CONFIGS[2]])]  # fmt: skip
+    repo = build_lamp_repo(tmp_path / "repo", rows_by_config={CONFIGS[2]: repeat})
+    with pytest.raises(InputError) as info:
+        load_examples(_hub(repo, tmp_path / "cache"))
+    assert str(info.value) == (
+        f"{repo} [{CONFIGS[2]}/test], line 3, field 'id': row 3: duplicate id "
+        f"{art[1]['id']!r} (first seen in {repo} [{CONFIGS[0]}/test], row 2)"
+    )

@@ -332,16 +332,19 @@ def example_row(fields: dict, user_id: str, posts: list[dict]) -> dict:
 
 
 class Unique:
-    """Remembers where each id was first seen, to name both lines of a duplicate."""
+    """Remembers where each id was first seen, to name both lines of a duplicate (and both
+    sources, when one input spans several: a Hub dataset's configs)."""
 
     def __init__(self, what: str) -> None:
         self.what = what
-        self.seen: dict[str, int] = {}
+        self.seen: dict[str, tuple[Path | str, int]] = {}
 
     def add(self, key: str, field: str, loc: Loc) -> None:
         first = self.seen.get(key)
         if first is not None:
+            where = "" if first[0] == loc.path else f"in {first[0]}, "
             raise loc.fail(
-                field, f"duplicate {self.what} {key!r} (first seen on {loc.unit} {first})"
+                field,
+                f"duplicate {self.what} {key!r} (first seen {where or 'on '}{loc.unit} {first[1]})",
             )
-        self.seen[key] = loc.line
+        self.seen[key] = (loc.path, loc.line)
