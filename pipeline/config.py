@@ -122,9 +122,9 @@ class RunSection(_Section):
 class InputSection(_Section):
     format: str = Field(
         "lamp",
-        description="A registered input format (docs/inputs.md): lamp: LaMP-QA-style JSONL; "
-        "generic: users.jsonl + questions.jsonl; hf: a `datasets` folder or a parquet file "
-        "with a column mapping; hub: a dataset on the Hugging Face Hub.",
+        # the registry's formats, each described by its reader class
+        description="; ".join(f"{n}: {FORMATS.get(n).summary.rstrip('.')}" for n in FORMATS.names())
+        + ". Others: docs/inputs.md.",
     )
     path: Path | None = Field(
         None, description="lamp: the JSONL file; hf: the dataset folder or parquet file."

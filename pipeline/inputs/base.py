@@ -37,7 +37,7 @@ class InputFormat:
 
     # set by the registry from the registered name
     name: ClassVar[str] = ""
-    # one line for the docs and `prb config show`
+    # a few words for input.format's description (`prb config fields`, docs/config.md)
     summary: ClassVar[str] = ""
 
     def __init__(self, section: InputSection, resolve: Resolve = lambda p: p) -> None:

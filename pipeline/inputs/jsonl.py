@@ -182,7 +182,7 @@ def _looks_like_jsonl(path: Path, keys: tuple[str, ...]) -> bool:
 
 
 class LampFormat(InputFormat):
-    summary = "LaMP-QA-style JSONL: one question per line with its asker's profile."
+    summary = "LaMP-QA-style JSONL."
 
     @classmethod
     def path_fields(cls, section: InputSection) -> list[tuple[str, Path | None, PathWant]]:
@@ -207,7 +207,7 @@ class LampFormat(InputFormat):
 
 
 class GenericFormat(InputFormat):
-    summary = "users.jsonl (user_id, profile) + questions.jsonl (id, user_id, question...)."
+    summary = "users.jsonl + questions.jsonl."
 
     @classmethod
     def path_fields(cls, section: InputSection) -> list[tuple[str, Path | None, PathWant]]:

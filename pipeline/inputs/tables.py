@@ -162,7 +162,7 @@ def _is_parquet(path: Path) -> bool:
 
 
 class HFFormat(InputFormat):
-    summary = "A `datasets` folder (save_to_disk) or a parquet file, with a column mapping."
+    summary = "a `datasets` folder or a parquet file with a column mapping."
 
     @classmethod
     def path_fields(cls, section: InputSection) -> list[tuple[str, Path | None, PathWant]]:
@@ -255,10 +255,7 @@ def _offline() -> bool:
 
 
 class HubFormat(InputFormat):
-    summary = (
-        "A dataset on the Hugging Face Hub (input.dataset, input.configs, input.split), "
-        "loaded with datasets.load_dataset; its cache and offline mode are honoured."
-    )
+    summary = "a dataset on the Hugging Face Hub (input.dataset, input.configs, input.split)."
 
     def _source(self) -> str:
         """What to hand load_dataset: a local dataset repository folder (relative: the
