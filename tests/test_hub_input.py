@@ -163,3 +163,23 @@ def test_an_id_in_two_configs_names_both(tmp_path):
         f"{repo} [{CONFIGS[2]}/test], line 3, field 'id': row 3: duplicate id "
         f"{art[1]['id']!r} (first seen in {repo} [{CONFIGS[0]}/test], row 2)"
     )
+
+
+def test_a_named_pipe_in_a_local_repository_is_refused_at_load(tmp_path):
+    from conftest import write_config
+
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+
+    repo = build_lamp_repo(tmp_path / "repo")
+    os.mkfifo(repo / CONFIGS[0] / "extra.parquet")
+    cfg = write_config(
+        tmp_path, input={"format": "hub", "dataset": str(repo), "configs": [CONFIGS[0]]}
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)  # returns at once: nothing opened the pipe
+    assert info.value.field == "input.dataset"
+    assert "extra.parquet in the dataset folder is a named pipe, not a file" in str(info.value)
+    # a Hub name is not a path: nothing is checked until it is loaded
+    ok = write_config(tmp_path, input={"format": "hub", "dataset": "alireza7/LaMP-QA"})
+    assert load_config(ok).input.dataset == "alireza7/LaMP-QA"

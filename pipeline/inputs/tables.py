@@ -257,6 +257,14 @@ def _offline() -> bool:
 class HubFormat(InputFormat):
     summary = "a dataset on the Hugging Face Hub (input.dataset, input.configs, input.split)."
 
+    @classmethod
+    def path_fields(cls, section: InputSection) -> list[tuple[str, Path | None, PathWant]]:
+        # a local repository folder is checked like an hf folder (load_dataset reads every
+        # data file in it: a named pipe there would hang); a Hub name is no path here
+        if not section.dataset:
+            return []
+        return [("input.dataset", Path(section.dataset), "folder or parquet file")]
+
     def _source(self) -> str:
         """What to hand load_dataset: a local dataset repository folder (relative: the
         config file's) when there is one, else the Hub name as written."""
