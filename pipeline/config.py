@@ -12,7 +12,6 @@ import difflib
 import json
 import os
 import re
-import stat
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +29,8 @@ from pipeline.backends.settings import FLAT_KEYS as _FLAT_BACKEND_KEYS
 from pipeline.backends.settings import BackendSection, deprecation_line, move_flat_keys
 from pipeline.backends.settings import check_http_url as _check_http_url
 from pipeline.errors import ConfigError
+from pipeline.inputs import FORMATS
+from pipeline.io import path_kind  # here too for its importers; it lives in io, below the readers
 from pipeline.redact import public_url, redact, register_names, register_value, url_secrets
 from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
 from pipeline.rules import default as rule_default
@@ -122,25 +123,57 @@ class RunSection(_Section):
 
 
 class InputSection(_Section):
-    format: Literal["lamp", "generic", "hf"] = Field(
+    format: str = Field(
         "lamp",
-        description="lamp: LaMP-QA-style JSONL; generic: users.jsonl + questions.jsonl; "
-        "hf: a `datasets` folder or a parquet file with a column mapping.",
+        # the registry's formats, each described by its reader class
+        description="; ".join(f"{n}: {FORMATS.get(n).summary.rstrip('.')}" for n in FORMATS.names())
+        + ". Others: docs/inputs.md.",
     )
     path: Path | None = Field(
         None, description="lamp: the JSONL file; hf: the dataset folder or parquet file."
     )
     users_path: Path | None = Field(None, description="generic: the users JSONL file.")
     questions_path: Path | None = Field(None, description="generic: the questions JSONL file.")
-    split: str | None = Field(None, description="hf: split to read from a DatasetDict folder.")
+    dataset: str | None = Field(
+        None,
+        description="hub: the dataset's Hub name (e.g. alireza7/LaMP-QA) or a local dataset "
+        "repository folder.",
+    )
+    configs: list[str] = Field(
+        default_factory=list,
+        description="hub: the configs to read, in order; each config's name is the category "
+        "of its rows that carry none; empty: the dataset's default config.",
+    )
+    revision: str | None = Field(None, description="hub: a branch, tag or commit; none: main.")
+    cache_dir: Path | None = Field(
+        None, description="hub: the datasets cache folder; none: HF_DATASETS_CACHE or its default."
+    )
+    split: str | None = Field(
+        None, description="hf: split to read from a DatasetDict folder; hub: the split to load."
+    )
     columns: dict[str, str] = Field(
         default_factory=dict,
-        description="hf: our field name -> the source column name (e.g. {question: query}).",
+        description="hf, hub: our field name -> the source column name (e.g. {question: query}).",
     )
     # upper bounds on counts guard against typos (an extra zero or two), not real inputs
     limit: int | None = Field(
         None, ge=1, le=1_000_000_000, description="Read at most this many examples."
     )
+
+    @field_validator("format")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        # the list of formats is the registry's (pipeline/inputs/), not kept here
+        if v not in FORMATS:
+            raise ValueError(FORMATS.unknown(v))
+        return v
+
+    @field_validator("configs")
+    @classmethod
+    def _unique_configs(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("configs must not repeat")
+        return v
 
 
 class SamplingSection(_Section):
@@ -154,13 +187,29 @@ class ProfileSection(_Section):
     top_k: int = Field(
         10, ge=1, le=10_000, description="Past posts kept per example, most relevant first."
     )
-    ranker: Literal["bm25", "embedding"] = Field(
-        "bm25", description="bm25: lexical, no model; embedding: sentence-transformers."
+    ranker: Literal["bm25", "embedding", "contriever"] = Field(
+        "bm25",
+        description="bm25: lexical, no model; embedding: sentence-transformers; contriever: "
+        "a transformers encoder, mean pooling and dot product (the reference's ranking).",
     )
     embedding_model: str = Field(
         "all-MiniLM-L6-v2",
         description="embedding: a local sentence-transformers model path or name.",
     )
+    contriever_model: str = Field(
+        "facebook/contriever-msmarco",
+        description="contriever: a transformers encoder's Hub name or local folder.",
+    )
+    batch_size: int = Field(
+        16, ge=1, le=4096, description="contriever: texts per encoder forward pass."
+    )
+
+    @property
+    def model(self) -> str:
+        """The chosen ranker's model ("" for bm25, which needs none)."""
+        return {"embedding": self.embedding_model, "contriever": self.contriever_model}.get(
+            self.ranker, ""
+        )
 
 
 class RubricsSection(_Section):
@@ -582,6 +631,7 @@ PATH_FIELDS = (
     "input.path",
     "input.users_path",
     "input.questions_path",
+    "input.cache_dir",
     "backend.replay.cache",
 )
 
@@ -714,30 +764,6 @@ class ConfigLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_PATH_KINDS = (
-    (stat.S_ISREG, "a file"),
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a named pipe"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def path_kind(path: str | Path) -> str | None:
-    """What is at ``path`` (links followed): "a file", "a folder", "a named pipe", "a
-    character device"...; None when nothing is. Only stat()s: never opens it."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return None
-    except NotADirectoryError:
-        return None  # a parent is a file: nothing can be there
-    except OSError as exc:
-        return f"unreadable ({exc.strerror or exc})"
-    return next((name for test, name in _PATH_KINDS if test(mode)), "a special file")
-
-
 def check_input_path(
     path: Path,
     want: Literal["file", "folder or parquet file"],
@@ -776,19 +802,17 @@ def check_input_path(
 
 def _check_input_paths(cfg: Config, source: str) -> None:
     """Every input path the config names is what its format reads (nothing is read yet)."""
-    c = cfg.input
-    wanted: list[tuple[str, Path | None, Literal["file", "folder or parquet file"]]] = []
-    if c.format == "lamp":
-        wanted.append(("input.path", c.path, "file"))
-    elif c.format == "generic":
-        wanted += [("input.users_path", c.users_path, "file")]
-        wanted += [("input.questions_path", c.questions_path, "file")]
-    else:
-        wanted.append(("input.path", c.path, "folder or parquet file"))
-    for field, p, want in wanted:
+    for field, p, want in FORMATS.get(cfg.input.format).path_fields(cfg.input):
         resolved = cfg.resolve_input(p)
         if resolved is not None:
-            check_input_path(resolved, want, field=field, source=source)
+            try:
+                check_input_path(resolved, want, field=field, source=source)
+            except ConfigError as exc:
+                other = FORMATS.detect(resolved)
+                if other is None or other == cfg.input.format:
+                    raise
+                hint = f"; it looks like input.format '{other}'"
+                raise ConfigError(exc.reason + hint, path=source, field=field) from None
     section = cfg.backend.section()
     for field, p, what in section.input_files() if section is not None else []:
         resolved = cfg.resolve_input(p)

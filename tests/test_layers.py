@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "types and rules",
         ["pipeline.chat", "pipeline.records", "pipeline.rules", "pipeline.schemas",
          "pipeline.prompts", "pipeline.profile", "pipeline.dedup", "pipeline.filters",
+         "pipeline.inputs",
          # the two registries: names only, their modules load when chosen
          "=pipeline.backends", "=pipeline.stages",
          # what a backend is (its interface and settings, GGUF headers): no engine

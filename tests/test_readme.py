@@ -66,6 +66,11 @@ NOT_RUN: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^export LABEL_STUDIO_API_KEY="), "a Label Studio token"),
     (re.compile(r"--policy verified"), "needs the votes of a Label Studio round"),
     (re.compile(r"--push-to-hub"), "uploads to the Hugging Face Hub"),
+    (
+        re.compile(r"configs/reference\.yaml|outputs/reference\b"),
+        "downloads LaMP-QA and Contriever from the Hub; tests/test_reference.py runs it on a "
+        "local stand-in of LaMP-QA's layout",
+    ),
     (re.compile(r"scorer rm:/"), "needs a reward model folder"),
     (re.compile(r"\bbenchmarks/\w+\.py\b"), "a benchmark: minutes to hours each"),
     (re.compile(r"\bpairs\.jsonl\b"), "a pairs file of the reader's own"),

@@ -236,7 +236,7 @@ def load_split(
         source.get("path", str(path)),
         top_k=p.top_k,
         ranker=p.ranker,
-        embedding_model=str(p.embedding_model),
+        embedding_model=p.model,  # the chosen ranker's model (contriever's or embedding's)
     )
     split = {**source, "rows": len(pairs), "fingerprint": fingerprint(pairs), "limit": limit}
     return pairs, split

@@ -48,20 +48,25 @@ class IngestStage(Stage):
     writes = EXAMPLE_FIELDS
 
     def _inputs(self, ctx: Context) -> list[Path]:
-        c = ctx.config.input
-        return [
-            p
-            for p in (ctx.config.resolve_input(x) for x in (c.path, c.users_path, c.questions_path))
-            if p is not None
-        ]
+        """The files or folders the configured format reads (none for a Hub dataset: its
+        name, configs, split and revision are in the settings)."""
+        from pipeline.ingest import reader
+
+        return reader(ctx.config.input, ctx.config.resolve_input).sources()
 
     def settings(self, ctx: Context) -> dict[str, Any]:
         digests = {str(p): _file_digest(p) for p in self._inputs(ctx) if p.exists()}
-        return {
-            "input": ctx.config.input.model_dump(mode="json"),
-            "input_digests": digests,
-            "profile": ctx.config.profile.model_dump(mode="json"),
-        }
+        # The Hub and contriever settings came later: left at their defaults they stay out,
+        # so a run made before them keeps its fingerprint. Where the datasets cache lives
+        # and the encoder's batch size decide no row.
+        inp = ctx.config.input.model_dump(mode="json", exclude={"cache_dir"})
+        for key in ("dataset", "configs", "revision"):
+            if not inp[key]:
+                del inp[key]
+        prof = ctx.config.profile.model_dump(mode="json", exclude={"batch_size"})
+        if prof["ranker"] != "contriever":
+            del prof["contriever_model"]
+        return {"input": inp, "input_digests": digests, "profile": prof}
 
     @staticmethod
     def profile_view(ctx: Context, example: dict[str, Any]) -> dict[str, Any]:
@@ -70,23 +75,17 @@ class IngestStage(Stage):
 
         p = ctx.config.profile
         order = rank_profile(
-            example["question"], example["profile"], p.top_k, p.ranker, p.embedding_model
+            example["question"], example["profile"], p.top_k, p.ranker, p.model, p.batch_size
         )
         return {"ranker": p.ranker, "top_k": p.top_k, "order": order}
 
     def expected(self, ctx: Context) -> int:
-        """Non-blank lines of a JSONL input (cheap: nothing is parsed; the run validates);
-        a dataset's row count otherwise."""
-        c = ctx.config.input
-        path = ctx.config.resolve_input(c.questions_path if c.format == "generic" else c.path)
-        if c.format in ("lamp", "generic") and path is not None and path.is_file():
-            with open(path, "rb") as fh:
-                n = sum(1 for line in fh if line.strip())
-        else:
-            from pipeline.ingest import iter_examples
+        """The examples the input holds as its format counts them (a JSONL file's non-blank
+        lines, a dataset's rows: cheap, nothing is validated; the run validates), capped at
+        input.limit."""
+        from pipeline.ingest import expected_examples
 
-            n = sum(1 for _ in iter_examples(c, ctx.config.resolve_input))
-        return min(n, c.limit) if c.limit is not None else n
+        return expected_examples(ctx.config.input, ctx.config.resolve_input)
 
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
         from pipeline.ingest import iter_examples
