@@ -106,7 +106,7 @@ def test_reference_end_to_end_to_a_release_of_the_three_configs(tmp_path, server
         f"input.cache_dir={tmp_path / 'datasets-cache'}",
         f"profile.contriever_model={encoder}",
         f"run.output_dir={tmp_path / 'outputs'}",
-        f"backend.base_url={server.base_url}",
+        f"backend.openai.base_url={server.base_url}",
         "backend.model=standin-model",
         "backend.max_concurrency=8",
     ]
