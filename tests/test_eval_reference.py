@@ -87,7 +87,7 @@ def test_the_exact_reduction_breaks_the_reference_bf16_ties(setup: dict[str, Any
 
 
 def test_pairwise_reference_order_per_subset_equals_the_reference(
-    setup: dict[str, Any],
+    setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with StandinServer(responder=judge_responder) as server:
         res = _eval(
@@ -100,6 +100,11 @@ def test_pairwise_reference_order_per_subset_equals_the_reference(
         )
     m = res["settings"]["question"]["metrics"]
     assert res["scorer"]["parse"] == "first 'Result:' line"
+    pooled_ref = sum(f["correct"] for f in FIGURES["pairwise"].values())
+    total_ref = sum(f["pairs"] for f in FIGURES["pairwise"].values())
+    assert f"reference order {pooled_ref / total_ref:.3f} ({pooled_ref}/{total_ref})" in (
+        capsys.readouterr().out
+    )
     correct = scored = 0
     for subset, f in FIGURES["pairwise"].items():
         pos = m["by"]["category"][subset]["position"]
