@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from eval_reference import build_models, build_release, judge_responder
+from eval_reference import build_models, build_release, judge_responder, release_fingerprint
 from standin_server import StandinServer
 
 from pipeline.cli import main
@@ -53,6 +53,11 @@ def test_the_release_is_the_one_the_figures_came_from(setup: dict[str, Any]) -> 
     counts = {s: f["pairs"] for s, f in FIGURES["pairwise"].items()}
     assert sorted(counts) == sorted(REFERENCE_SUBSETS)
     assert sum(counts.values()) >= 75
+    assert release_fingerprint(setup["release"]) == FIGURES["release_fingerprint"], (
+        "the test release changed (tests/eval_reference.py, the sample input, the stand-in "
+        "responder or the pipeline): regenerate tests/data/reference_eval_figures.json as its "
+        "_note says"
+    )
     rel = json.loads((setup["release"] / "release.json").read_text(encoding="utf-8"))
     assert {c: v["pairs"] for c, v in rel["per_category"].items()} == counts
 
