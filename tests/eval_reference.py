@@ -69,6 +69,16 @@ def release_rows(release: Path) -> list[dict[str, Any]]:
     return pq.read_table(release / "all" / DATA_FILE).to_pylist()
 
 
+def release_fingerprint(release: Path) -> str:
+    """A hash of what both sides score (id, category, question, chosen, rejected, in the
+    release's order): the figures are only comparable on the release they came from."""
+    import hashlib
+
+    cols = ("id", "category", "question", "chosen", "rejected")
+    rows = [[r[c] for c in cols] for r in release_rows(release)]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+
+
 def build_models(release: Path, folder: Path) -> dict[str, Path]:
     """The tiny reward models of the comparison, vocabularies from the release's questions
     and answers: one logit (``tiny-rm1``), two classes (``tiny-rm2``), and two classes with

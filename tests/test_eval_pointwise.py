@@ -234,6 +234,7 @@ def test_cli_writes_results_and_leaderboard(
         ("rm:{missing}", "no such model folder"),
         ("rm:{rm},reduce=softmax", "option 'reduce' must be one of exact, reference"),
         ("judge:m,format=text,parse=middle", "option 'parse' must be one of last, first"),
+        ("judge:m,parse=first", "needs format=text"),
         # the judge's sampling options are bounded as the config's sampling fields are
         ("judge:m,temperature=.nan", "option 'temperature' must be a finite number"),
         ("judge:m,temperature=-1", "option 'temperature' must be greater than or equal to 0"),
@@ -279,6 +280,31 @@ def test_a_cut_weights_file_is_one_line_before_anything_runs(
         assert err.startswith(f"error: {weights}") and "\n" not in err, err
         assert "download the model again" in err and "Traceback" not in err
         assert disk_state(tmp_path) == before  # nothing written, nothing removed
+
+
+def test_a_cut_pytorch_bin_and_a_missing_shard_are_one_line(
+    tiny_rm: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    split = write_split(tmp_path)
+    rm = tmp_path / "bin-rm"
+    shutil.copytree(tiny_rm, rm)
+    (rm / "model.safetensors").unlink()
+    state = torch.nn.Linear(2, 2).state_dict()
+    torch.save(state, rm / "pytorch_model.bin")  # the zip layout
+    data = (rm / "pytorch_model.bin").read_bytes()
+    (rm / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
+    assert _run([str(split), "--scorer", f"rm:{rm}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {rm / 'pytorch_model.bin'}: not a whole weights file")
+    (rm / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "model-00001-of-00002.safetensors"}})
+    )
+    assert _run([str(split), "--scorer", f"rm:{rm}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "names the shard model-00001-of-00002.safetensors, which is missing" in err
+    assert "\n" not in err and not (tmp_path / "split-eval").exists()
 
 
 def test_the_question_is_sent_as_given(tiny_rm: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from eval_reference import build_models, build_release, judge_responder
+from eval_reference import build_models, build_release, judge_responder, release_fingerprint
 from standin_server import StandinServer
 
 from pipeline.cli import main
@@ -53,6 +53,11 @@ def test_the_release_is_the_one_the_figures_came_from(setup: dict[str, Any]) -> 
     counts = {s: f["pairs"] for s, f in FIGURES["pairwise"].items()}
     assert sorted(counts) == sorted(REFERENCE_SUBSETS)
     assert sum(counts.values()) >= 75
+    assert release_fingerprint(setup["release"]) == FIGURES["release_fingerprint"], (
+        "the test release changed (tests/eval_reference.py, the sample input, the stand-in "
+        "responder or the pipeline): regenerate tests/data/reference_eval_figures.json as its "
+        "_note says"
+    )
     rel = json.loads((setup["release"] / "release.json").read_text(encoding="utf-8"))
     assert {c: v["pairs"] for c, v in rel["per_category"].items()} == counts
 
@@ -87,7 +92,7 @@ def test_the_exact_reduction_breaks_the_reference_bf16_ties(setup: dict[str, Any
 
 
 def test_pairwise_reference_order_per_subset_equals_the_reference(
-    setup: dict[str, Any],
+    setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with StandinServer(responder=judge_responder) as server:
         res = _eval(
@@ -100,6 +105,11 @@ def test_pairwise_reference_order_per_subset_equals_the_reference(
         )
     m = res["settings"]["question"]["metrics"]
     assert res["scorer"]["parse"] == "first 'Result:' line"
+    pooled_ref = sum(f["correct"] for f in FIGURES["pairwise"].values())
+    total_ref = sum(f["pairs"] for f in FIGURES["pairwise"].values())
+    assert f"reference order {pooled_ref / total_ref:.3f} ({pooled_ref}/{total_ref})" in (
+        capsys.readouterr().out
+    )
     correct = scored = 0
     for subset, f in FIGURES["pairwise"].items():
         pos = m["by"]["category"][subset]["position"]

@@ -132,3 +132,23 @@ def test_vllm_engine_without_vllm_is_a_one_line_error(
     assert main(["eval", str(split), "--scorer", f"rm:{tiny_rm},engine=vllm"]) == 1
     err = capsys.readouterr().err.strip()
     assert "engine=vllm needs vLLM" in err and "[vllm]" in err and "\n" not in err
+
+
+def test_vllm_engine_reference_reduction_in_its_dtype(
+    fake_vllm: type[FakeLLM], tmp_path: Path
+) -> None:
+    from pipeline.eval.pointwise import Encoder, VLLMScorer
+
+    rm3 = build_tiny_reward_model(tmp_path / "rm3", all_texts(), num_labels=3, seed=1)
+    enc = Encoder(rm3)
+    ids = enc.encode([("How do I sketch hands?", "Sketch them on the train.")] * 2)
+    ref = VLLMScorer(enc, reduce="reference")
+    exact = VLLMScorer(enc)
+    assert ref.info()["reduction"].startswith("reference:") and ref.dtype == "bfloat16"
+    got, want_exact = ref.score_ids(ids), exact.score_ids(ids)
+    with torch.no_grad():
+        logits = fake_vllm.instances[0].model(input_ids=torch.tensor([ids[0]])).logits[0]
+    # the engine's logits back in bf16, then the reference's softmax in bf16
+    assert got[0] == torch.softmax(logits.bfloat16(), -1)[-1].item()
+    assert want_exact[0] == pytest.approx(torch.softmax(logits.double(), -1)[-1].item())
+    assert got[0] != want_exact[0]

@@ -110,6 +110,12 @@ def print_table(all_results: list[dict[str, Any]], out: Any = None) -> None:
             pos = m.get("position")
             if pos and pos.get("consistency") is not None:
                 line += f"  consistency {pos['consistency']:.3f}, A-bias {pos['bias']:+.3f}"
+            if pos and pos.get("accuracy_reference_order") is not None:
+                # the reference script's one-order figure (seed 42 per subset), pooled
+                line += (
+                    f", reference order {pos['accuracy_reference_order']:.3f} "
+                    f"({pos['reference_order_correct']}/{pos['reference_order_scored']})"
+                )
             print(line, file=out)
         gain = res.get("profile_gain")
         if gain and gain.get("gain") is not None:

@@ -92,7 +92,8 @@ def _check_safetensors(file: Path) -> None:
 
 def check_weights(path: Path) -> None:
     """Every safetensors file the model folder loads (one file, or the shards its index
-    names) is whole, so a cut download is one line naming the file, before the run."""
+    names) is whole, or its ``pytorch_model.bin`` when it has no safetensors, so a cut
+    download is one line naming the file, before the run."""
     import json
 
     files = []
@@ -117,6 +118,23 @@ def check_weights(path: Path) -> None:
         files.append(path / "model.safetensors")
     for f in files:
         _check_safetensors(f)
+    if not files and (path / "pytorch_model.bin").is_file():
+        _check_torch_zip(path / "pytorch_model.bin")
+
+
+def _check_torch_zip(file: Path) -> None:
+    """A ``torch.save`` file in its zip layout must have its central directory (written
+    last): a cut one has none. Files in the old pickle layout are left to the loader."""
+    import zipfile
+
+    with open(file, "rb") as fh:
+        if fh.read(4) != b"PK\x03\x04":
+            return
+    try:
+        with zipfile.ZipFile(file) as zf:
+            zf.namelist()
+    except (zipfile.BadZipFile, OSError):
+        raise InputError(f"not a whole weights file: {_SAFETENSORS_HINT}", path=file) from None
 
 
 REDUCTIONS = ("exact", "reference")

@@ -173,6 +173,12 @@ def parse_spec(text: str) -> ScorerSpec:
                 field=key,
             )
         options[key] = _coerce(text, key, raw.strip(), table[key][0])
+    if "parse" in options and options.get("format") != "text":
+        raise InputError(
+            "option 'parse' reads free-text verdicts: it needs format=text in the same --scorer",
+            path="--scorer",
+            field="parse",
+        )
     if vllm_args and options.get("engine") != "vllm":
         raise InputError("vllm.* options need engine=vllm in the same --scorer", path="--scorer")
     return ScorerSpec(KINDS[kind], target, options, vllm_args, text)
