@@ -114,7 +114,7 @@ def test_the_size_a_set_needs_reads_the_same_below_and_at_the_minimum(tmp_path, 
     said = {}
     for n in (PROBE_MIN_PAIRS - 1, PROBE_MIN_PAIRS):
         src = write_jsonl(tmp_path / f"n{n}.jsonl", crafted(n, biased=False, seed=3))
-        code, out, err = _run_cli(tmp_path, src, capsys)
+        _code, out, _err = _run_cli(tmp_path, src, capsys)
         fig, page = _saved(tmp_path)
         _agree(fig, page, out)
         said[n] = fig["verdict"]

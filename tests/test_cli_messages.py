@@ -161,7 +161,8 @@ def test_a_redo_reason_shows_a_model_name_whole(tmp_path, server, capsys):
     cfg = str(write_config(tmp_path, server, responses={"strategies": ["avoid_all"]}))
     assert main(["run", cfg, "--no-progress", "--until", "responses"]) == 0
     capsys.readouterr()
-    assert main(["run", cfg, "--no-progress", "--until", "responses", "--set", f"backend.model={model}"]) == 0
+    again = ["run", cfg, "--no-progress", "--until", "responses"]
+    assert main([*again, "--set", f"backend.model={model}"]) == 0
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if x.startswith("[responses] re-doing:")]
     assert f'"standin-model" -> "{model}"' in line

@@ -59,7 +59,7 @@ def test_a_budget_stop_proposes_a_limit_that_finishes_the_run(
 
     # the plan command: the same run (run.name and the prices kept), nothing else
     assert _sets(shlex.split(plan)) == sets
-    assert main(shlex.split(plan)[1:] + ["--json"]) == 0
+    assert main([*shlex.split(plan)[1:], "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert planned["run_dir"].endswith("outputs/budgeted")
     need = planned["totals"]["budget_to_finish"][limit]
@@ -99,7 +99,7 @@ def test_a_budget_stop_under_until_and_json_carries_the_commands(tmp_path, serve
         assert argv[argv.index("--until") + 1] == "responses"
         assert "run.name=part" in _sets(argv)
 
-    assert main(shlex.split(nxt["plan"])[1:] + ["--json"]) == 0
+    assert main([*shlex.split(nxt["plan"])[1:], "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert [s["stage"] for s in planned["stages"]] == ["ingest", "rubrics", "responses"]
     assert planned["run_dir"].endswith("outputs/part")

@@ -269,8 +269,8 @@ def _result(walk: Walk, prefix: str) -> subprocess.CompletedProcess[str]:
 
 
 REQUESTS = re.compile(
-    r"\[(\w+)\] done: .*requests (\d+)(?: \+ \d+ re-asks)? \((?:sent|replayed) (\d+), cached (\d+), "
-    r"failed (\d+)\)"
+    r"\[(\w+)\] done: .*requests (\d+)(?: \+ \d+ re-asks)? "
+    r"\((?:sent|replayed) (\d+), cached (\d+), failed (\d+)\)"
 )
 
 

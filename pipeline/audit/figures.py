@@ -374,9 +374,7 @@ def _probe_reason(probe: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if "auc" not in probe:  # not run
         asym = [a["text"] for a in probe.get("asymmetries", []) if a.get("notable")]
-        text = too_small_text(probe) + (
-            f"; plain asymmetries: {'; '.join(asym)}" if asym else ""
-        )
+        text = too_small_text(probe) + (f"; plain asymmetries: {'; '.join(asym)}" if asym else "")
         return {"gate": PROBE_GATE, "kind": "cannot_clear", "text": text}
     chance = f"95% of side-swapped runs at {n:,} pairs reach {probe['chance_highest_p95']:.3f}"
     top, over = probe["highest"], probe["over_threshold"]
