@@ -798,7 +798,7 @@ def _summarise(
         reask_output += e.reask_output_tokens
     expected_out = (send.output_expected or 0.0) + reask_output if expected_known else None
     prompt_all = send.prompt_tokens + reask_prompt
-    totals = {
+    totals: dict[str, Any] = {
         "requests_to_send": send.requests,
         "reasks_expected": round(reasks, 1),
         "prompt_tokens": round(prompt_all),
