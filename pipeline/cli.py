@@ -258,7 +258,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             data["before_the_run"] = {e.stage: asdict(e.total) for e in fresh.stages}
         print(json.dumps(data, indent=2))
     else:
-        print(render(plan, fresh))
+        command = command_line(
+            ["prb", "plan", args.config], args.overrides, until=args.until, only=args.only
+        )
+        print(render(plan, fresh, command))
     return 0
 
 

@@ -854,8 +854,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def render(plan: Plan, fresh: Plan | None = None) -> str:
-    """The plan as a table for a terminal."""
+# example prices the plan's hint shows (both are needed: run.prices takes both or none)
+EXAMPLE_PRICES = (
+    "run.prices.input_usd_per_million=0.15",
+    "run.prices.output_usd_per_million=0.60",
+)
+
+
+def render(plan: Plan, fresh: Plan | None = None, command: str | None = None) -> str:
+    """The plan as a table for a terminal. ``command``: the `prb plan` command that made
+    it (config, options, every --set), which the hint for the cost extends."""
     lines = [f"run: {plan.run_dir}", f"backend: {plan.backend}"]
     head = (
         f"{'stage':11s}{'action':8s}{'examples':>10s}{'requests':>10s}{'cached':>9s}"
@@ -937,9 +945,11 @@ def render(plan: Plan, fresh: Plan | None = None) -> str:
             "million prompt / output tokens (run.prices)"
         )
     else:
+        example = " ".join(f"--set {p}" for p in EXAMPLE_PRICES)
+        with_prices = f"`{command} {example}`" if command else example
         lines.append(
-            "cost: set run.prices.input_usd_per_million and output_usd_per_million "
-            "(e.g. --set run.prices.input_usd_per_million=0.15) to see it"
+            "cost: set run.prices.input_usd_per_million and output_usd_per_million to see "
+            f"it, e.g. {with_prices}"
         )
     # a finished stage's estimate against what its backend answered (for a stage still
     # under way the ledger is only part of it)

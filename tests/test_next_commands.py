@@ -204,3 +204,20 @@ def test_a_damaged_cache_names_the_repair_of_the_same_run(tmp_path, server, caps
     assert main([*redo, *sets]) == 0
     with sqlite3.connect(cache) as db:
         assert db.execute("SELECT COUNT(*) FROM responses").fetchone()[0] == answers
+
+
+def test_the_plan_without_prices_names_the_command_that_shows_the_cost(tmp_path, server, capsys):
+    cfg = write_config(tmp_path, server)
+    assert main(["plan", str(cfg), "--until", "responses", "--set", "run.name=priced"]) == 0
+    out = capsys.readouterr().out
+    (command,) = _suggested(out, "prb plan ")
+    argv = shlex.split(command)
+    assert argv[argv.index("--until") + 1] == "responses"
+    assert _sets(argv)[0] == "run.name=priced" and len(_sets(argv)) == 3
+    assert _run_suggestion(command) == 0
+    out = capsys.readouterr().out
+    assert "outputs/priced" in out.splitlines()[0]
+    cost = next(x for x in out.splitlines() if x.startswith("cost: "))
+    # no answers measured yet: the bound only, at the prices the suggestion gave
+    assert re.match(r"cost: \$[\d.,]+ at most for first attempts", cost), cost
+    assert "at $0.15 / $0.6 per million" in cost
