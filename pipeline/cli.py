@@ -273,7 +273,6 @@ def _after_budget(args: argparse.Namespace, cfg: Config, exc: BudgetReached) -> 
     ``why``, where the raised figure comes from."""
     import math
 
-    from pipeline.errors import PipelineError
     from pipeline.plan import estimate
 
     field = str(exc.spent.get("limit") or "run.budget.tokens")
@@ -283,9 +282,9 @@ def _after_budget(args: argparse.Namespace, cfg: Config, exc: BudgetReached) -> 
     try:
         need = estimate(cfg, **options).totals["budget_to_finish"][key]
         why = "what `prb plan` counts for the rest, with what was spent"
-    except PipelineError as failed:  # the stop is still reported, with a plain guess
+    except Exception as failed:  # the stop is reported whatever the plan runs into
         need = None
-        why = f"twice the limit: the plan could not be made ({failed})"
+        why = f"twice the limit: the plan could not be made ({type(failed).__name__}: {failed})"
     if need is None:  # (a usd limit always has prices: checked at load)
         need = value * 2
     if key == "usd":
