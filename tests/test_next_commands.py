@@ -41,7 +41,9 @@ def _sets(argv: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(
     ("limit", "value"),
-    [("requests", 200), ("tokens", 60_000), ("usd", 0.05)],
+    # 200 requests and 60,000 tokens stop in the judge; 8,000 tokens in the responses, so
+    # the plan bounds the judge's prompts on answers not written yet
+    [("requests", 200), ("tokens", 60_000), ("tokens", 8_000), ("usd", 0.05)],
 )
 def test_a_budget_stop_proposes_a_limit_that_finishes_the_run(
     tmp_path, server, capsys, limit, value
