@@ -353,14 +353,35 @@ def sweep(args: argparse.Namespace, requests: list[ChatRequest], tmp: Path) -> d
 SAMPLE_OVERRIDES = [
     "backend.name=llamacpp",
     "backend.model=",  # the default: the packaged SmolLM2-135M GGUF
+    # the README's command: its own run, never the stand-in's outputs/sample
+    "run.name=sample-local",
 ]
 # --sample-run trimmed: 3 of the 12 examples, one answer per side, two rejected strategies
 SAMPLE_TRIM = ["input.limit=3", "responses.n=1", "responses.strategies=[avoid_all, violate_one]"]
 
 
+def sample_requests(summary: Any) -> dict[str, Any]:
+    """What a sample run sent, from its `prb run --json` summary: the totals with the
+    re-asks named (``sent`` counts them too: an unfinished answer is asked again with
+    twice the tokens), and per LLM stage its requests, re-asks and seconds."""
+    if not isinstance(summary, dict):
+        return {}
+    totals = summary.get("requests") or {}
+    out: dict[str, Any] = {
+        k: totals.get(k) for k in ("sent", "cached", "failed", "reasks", "tokens")
+    }
+    out["per_stage"] = {
+        name: {"seconds": stage.get("seconds"), **stage["requests"]}
+        for name, stage in (summary.get("stages") or {}).items()
+        if isinstance(stage, dict) and isinstance(stage.get("requests"), dict)
+    }
+    return out
+
+
 def sample_run(tmp: Path, kind: str) -> dict[str, Any]:
     """`prb run configs/sample.yaml` on the local model (trimmed or in full), timed end to
-    end in a subprocess; the output folder is a temporary one."""
+    end in a subprocess; the output folder is a temporary one. The time includes the
+    re-asks, which ``requests`` counts (``reasks``, and per stage)."""
     overrides = SAMPLE_OVERRIDES + (SAMPLE_TRIM if kind == "trimmed" else [])
     overrides = [*overrides, f"run.output_dir={tmp / ('sample-' + kind)}"]
     cmd = [
@@ -388,6 +409,7 @@ def sample_run(tmp: Path, kind: str) -> dict[str, Any]:
         "seconds": round(seconds, 1),
         "load_before": load0,
         "load_after": _load(),
+        "requests": sample_requests(summary),
         "summary": summary,
         "stderr_tail": proc.stderr[-1500:],
     }

@@ -59,7 +59,10 @@ _LOOKUP_CHUNK = 900  # below SQLite's default limit of 999 bound parameters
 
 
 def repair_command(path: Path) -> str:
-    return f"prb cache repair {path.parent}"
+    """The command that repairs this cache: its run directory, shell-quoted."""
+    from pipeline.cliargs import command_line
+
+    return command_line(["prb", "cache", "repair", path.parent])
 
 
 def _redact(text: str) -> str:

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.cliargs import add_set_option as _add_set
+from pipeline.cliargs import command_line
 
 if TYPE_CHECKING:
+    from pipeline.config import Config
     from pipeline.errors import BudgetReached
     from pipeline.run import RunDir
 
@@ -256,27 +258,49 @@ def cmd_plan(args: argparse.Namespace) -> int:
             data["before_the_run"] = {e.stage: asdict(e.total) for e in fresh.stages}
         print(json.dumps(data, indent=2))
     else:
-        print(render(plan, fresh))
+        command = command_line(
+            ["prb", "plan", args.config], args.overrides, until=args.until, only=args.only
+        )
+        print(render(plan, fresh, command))
     return 0
 
 
-def _resume_command(args: argparse.Namespace, exc: BudgetReached) -> str:
-    """The command that goes on after a budget stop: the same one (without --redo, which
-    would clear the stage again), the reached limit raised."""
-    import shlex
+def _after_budget(args: argparse.Namespace, cfg: Config, exc: BudgetReached) -> dict[str, str]:
+    """What goes on after a budget stop: ``resume``, the same command (without --redo,
+    which would clear the stage again) with the reached limit raised to what `prb plan`
+    says the rest needs (``budget_to_finish``: what this backend was paid so far plus the
+    budget's own bound of every request to send); ``plan``, the plan of the same run;
+    ``why``, where the raised figure comes from."""
+    import math
+
+    from pipeline.plan import estimate
 
     field = str(exc.spent.get("limit") or "run.budget.tokens")
+    key = field.rsplit(".", 1)[-1]
     value = exc.spent.get("value") or 0
-    raised = f"{value * 2:.2f}" if field.endswith("usd") else str(int(value) * 2)
-    parts = ["prb", "run", str(args.config)]
-    for opt in ("until", "only"):
-        if getattr(args, opt):
-            parts += [f"--{opt}", getattr(args, opt)]
-    for o in args.overrides:
-        if not o.startswith(field + "="):
-            parts += ["--set", o]
-    parts += ["--set", f"{field}={raised}"]
-    return " ".join(shlex.quote(p) for p in parts)
+    options = {"until": args.until, "only": args.only}
+    try:
+        need = estimate(cfg, **options).totals["budget_to_finish"][key]
+        why = "what `prb plan` counts for the rest, with what was spent"
+    except Exception as failed:  # the stop is reported whatever the plan runs into
+        need = None
+        why = f"twice the limit: the plan could not be made ({type(failed).__name__}: {failed})"
+    if need is None:  # (a usd limit always has prices: checked at load)
+        need = value * 2
+    if key == "usd":
+        raised = f"{max(math.ceil(float(need) * 100) / 100, float(value) + 0.01):.2f}"
+    else:
+        raised = str(max(int(need), int(value) + 1))
+    kept = [o for o in args.overrides if not o.startswith(field + "=")]
+    return {
+        "resume": command_line(
+            ["prb", "run", args.config], [*kept, f"{field}={raised}"], **options
+        ),
+        "plan": command_line(["prb", "plan", args.config], args.overrides, **options),
+        "limit": field,
+        "raised": raised,
+        "why": why,
+    }
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -302,21 +326,28 @@ def cmd_run(args: argparse.Namespace) -> int:
             redo=args.redo,
             progress=not args.no_progress,
             lock=lock,
+            command=command_line(["prb", "run", args.config], args.overrides),
         )
     except BudgetReached as exc:
         # a clean stop, not a failure: what it reached, what was spent, how to go on
+        after = _after_budget(args, cfg, exc)
         if args.json:
             from pipeline.errorline import format_error
             from pipeline.runsummary import print_run_summary
 
-            print_run_summary(cfg.run_dir, since=t0, error=format_error(exc, args.config))
+            print_run_summary(
+                cfg.run_dir,
+                since=t0,
+                error=format_error(exc, args.config, args.overrides),
+                next_commands={k: after[k] for k in ("resume", "plan")},
+            )
         from pipeline.redact import redact
 
         print(
             redact(
-                f"stopped: {exc}. To go on, raise {exc.spent.get('limit')} (or remove it) and "
-                f"run the same command, e.g. `{_resume_command(args, exc)}`; `prb plan "
-                f"{args.config}` shows what the rest needs"
+                f"stopped: {exc}. To go on, raise {after['limit']} to {after['raised']} "
+                f"({after['why']}) or remove it, and run the same command: "
+                f"`{after['resume']}`; `{after['plan']}` shows what the rest needs"
             ),
             file=sys.stderr,
         )
@@ -326,7 +357,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             from pipeline.errorline import format_error
             from pipeline.runsummary import print_run_summary
 
-            error = format_error(exc, args.config)
+            error = format_error(exc, args.config, args.overrides)
             if error is not None:  # None is a bug: main() shows its traceback, no summary
                 print_run_summary(cfg.run_dir, since=t0, error=error)
         raise
@@ -412,8 +443,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def list_runs(outputs: Path = Path("outputs")) -> int:
-    """When a command that takes a run gets none: the runs under outputs/, newest first."""
+def list_runs(outputs: Path = Path("outputs"), *, overview: bool = False) -> int:
+    """When a command that takes a run gets none: the runs under outputs/, newest first.
+    Exit status 2 (the run is missing), or 0 for ``overview`` (`prb status`, where "no
+    runs yet" or the list of runs is the answer asked for; docs/errors.md)."""
     from pipeline.run import RunDir
 
     runs = sorted(
@@ -423,15 +456,30 @@ def list_runs(outputs: Path = Path("outputs")) -> int:
     )
     if not runs:
         print(
-            f"no runs under {outputs}/ yet: start with `prb quickstart`, or "
+            f"no runs under {outputs}/ yet: start one with `prb quickstart`, or "
             "`prb run CONFIG` (see configs/sample.yaml)",
-            file=sys.stderr,
+            file=sys.stdout if overview else sys.stderr,
         )
-        return 2
+        return 0 if overview else 2
     print(f"runs under {outputs}/ (newest first); pass one of them:")
     for p in runs:
         print(f"  {p}")
-    return 2
+    return 0 if overview else 2
+
+
+def _not_started(target: Path, overrides: list[str]) -> str | None:
+    """For a config whose run directory does not exist yet: the line that says so, with
+    the command that starts it (the same --set options); None otherwise."""
+    if not (target.is_file() and target.suffix in (".yaml", ".yml")):
+        return None
+    from pipeline.config import load_config
+    from pipeline.run import RunDir
+
+    rd = RunDir(load_config(target, overrides).run_dir)
+    if rd.path.exists():
+        return None
+    start = command_line(["prb", "run", target], overrides)
+    return f"no run yet at {rd.shown}: start it with `{start}`"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -441,7 +489,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from pipeline.stages import ORDER
 
     if args.run is None:
-        return list_runs()
+        return list_runs(overview=True)
+    not_started = _not_started(args.run, args.overrides)
+    if not_started is not None:  # nothing is wrong: the run has not begun
+        print(not_started)
+        return 0
     rd, cfg = open_run(args.run, args.overrides)
     per_stage: dict[str, dict[str, int]] = {}
     total = errors = 0
@@ -552,8 +604,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     sd = rd.stage(args.stage)
     if not sd.path.exists():
         print(
-            f"{rd.shown}: stage '{args.stage}' has not run yet; `prb status {args.run}` shows "
-            "where the run stands",
+            f"{rd.shown}: stage '{args.stage}' has not run yet; "
+            f"`{command_line(['prb', 'status', args.run], args.overrides)}` shows where the "
+            "run stands",
             file=sys.stderr,
         )
         return 1
@@ -716,7 +769,8 @@ def main(argv: list[str] | None = None) -> int:
         # anything format_error does not know is a bug and keeps its traceback
         from pipeline.errorline import format_error
 
-        line = format_error(exc, getattr(args, "run", None) or getattr(args, "config", None))
+        target = getattr(args, "run", None) or getattr(args, "config", None)
+        line = format_error(exc, target, getattr(args, "overrides", None) or ())
         if line is None:
             raise
         if debug:

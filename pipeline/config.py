@@ -481,7 +481,9 @@ class AnnotationSection(_Section):
         10,
         ge=0,
         le=10_000,
-        description="Attention-check tasks with a known answer added per round.",
+        description="Attention-check tasks with a known answer added to a round of "
+        "annotation.sample_size pairs; a round with fewer pairs gets the same share, rounded "
+        "up (at least 1).",
     )
     batch_size: int = Field(100, ge=1, le=10_000, description="Tasks per import request.")
     min_votes: int = Field(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno as _errno
 import re
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.errors import _WRITE_ERRNOS, PipelineError, StorageError, _os_hint
@@ -33,8 +34,9 @@ def _path_in_traceback(exc: BaseException) -> str | None:
     return None
 
 
-def _cache_path(target: str | Path | None) -> Path | None:
-    """cache.sqlite of the run a command was pointed at (a run directory or its config)."""
+def _cache_path(target: str | Path | None, overrides: Sequence[str] = ()) -> Path | None:
+    """cache.sqlite of the run a command was pointed at (a run directory, or its config and
+    the command's --set options, which may name another run)."""
     if target is None:
         return None
     from pipeline.run import RunDir
@@ -44,14 +46,16 @@ def _cache_path(target: str | Path | None) -> Path | None:
         try:
             from pipeline.config import load_config
 
-            return RunDir(load_config(t).run_dir).cache_path
+            return RunDir(load_config(t, list(overrides)).run_dir).cache_path
         except Exception:  # the config itself may be what is broken; say less, not crash
             return None
     return RunDir(t).cache_path
 
 
-def _sqlite_line(exc: sqlite3.DatabaseError, target: str | Path | None) -> str:
-    cache = _cache_path(target)
+def _sqlite_line(
+    exc: sqlite3.DatabaseError, target: str | Path | None, overrides: Sequence[str] = ()
+) -> str:
+    cache = _cache_path(target, overrides)
     where = str(cache) if cache is not None else "the run's cache.sqlite"
     text = str(exc)
     low = text.lower()
@@ -64,18 +68,25 @@ def _sqlite_line(exc: sqlite3.DatabaseError, target: str | Path | None) -> str:
             f"{where}: {text}; another process is using this run's cache: wait for it to "
             "finish, then run the same command again"
         )
-    run = str(target) if target is not None else "RUN"
+    from pipeline.cliargs import command_line
+
+    # a run directory is the run; a config names it with the same --set options
+    sets = overrides if target is not None and Path(target).is_file() else ()
+    repair = command_line(["prb", "cache", "repair", target if target is not None else "RUN"], sets)
     return (
         f"{where}: the request cache is damaged ({text}); rebuild it from what the stages "
-        f"hold with `prb cache repair {run}`"
+        f"hold with `{repair}`"
     )
 
 
-def format_error(exc: BaseException, target: str | Path | None = None) -> str | None:
+def format_error(
+    exc: BaseException, target: str | Path | None = None, overrides: Sequence[str] = ()
+) -> str | None:
     """The one line to print for an expected failure, or None for a bug (let it raise).
 
-    ``target`` is what the command was pointed at (a run directory or a config file); it
-    names the cache file in SQLite errors and goes into the repair command.
+    ``target`` is what the command was pointed at (a run directory or a config file), and
+    ``overrides`` its --set options; they name the cache file in SQLite errors and go into
+    the repair command.
     """
     from pipeline.redact import redact
 
@@ -83,7 +94,7 @@ def format_error(exc: BaseException, target: str | Path | None = None) -> str | 
     if isinstance(exc, PipelineError):
         line = str(exc)
     elif isinstance(exc, sqlite3.DatabaseError):
-        line = _sqlite_line(exc, target)
+        line = _sqlite_line(exc, target, overrides)
     elif isinstance(exc, UnicodeDecodeError):
         line = (
             f"a file is not valid UTF-8 text ({exc.reason} at byte {exc.start}); re-save it "

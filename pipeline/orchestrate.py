@@ -72,6 +72,25 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): d}
 
 
+# a value in a re-do reason is shown whole up to this many characters, else shortened
+SHOWN_VALUE_CHARS = 60
+_BREAKS = " /\\.:_-,;=+"
+
+
+def shown_value(value: Any, width: int = SHOWN_VALUE_CHARS) -> str:
+    """A setting's value for a re-do reason: its JSON, whole when it fits in ``width``;
+    else cut after the last separator (space, /, ., :, _, -...) that fits, never
+    mid-word, with "…" (and the closing quote of a string) to show it was cut."""
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text) <= width:
+        return text
+    head = text[: width - 2]
+    cut = max(head.rfind(c) for c in _BREAKS)
+    if cut > width // 3:  # a separator late enough to keep most of the value
+        head = head[: cut + 1]
+    return head + "…" + ('"' if text.endswith('"') else "")
+
+
 def explain_change(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
     """Human-readable list of the settings that differ between two stage runs."""
     a, b = _flatten(old), _flatten(new)
@@ -81,7 +100,7 @@ def explain_change(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> 
             if key.startswith("upstream."):
                 changed.append(f"stage '{key.split('.', 1)[1]}' was re-done")
             else:
-                va, vb = json.dumps(a.get(key))[:40], json.dumps(b.get(key))[:40]
+                va, vb = shown_value(a.get(key)), shown_value(b.get(key))
                 changed.append(f"{key}: {va} -> {vb}")
     more = f" (+{len(changed) - limit} more)" if len(changed) > limit else ""
     return "; ".join(changed[:limit]) + more if changed else "settings changed"
@@ -150,9 +169,14 @@ class StagePlan:
 
 
 def make_plan(
-    ctx: Context, stages: dict[str, Stage], plan: list[str], redo: str | None = None
+    ctx: Context,
+    stages: dict[str, Stage],
+    plan: list[str],
+    redo: str | None = None,
+    command: str = "prb run CONFIG",
 ) -> list[StagePlan]:
-    """Decide every stage's action without changing anything; raise on a refusal."""
+    """Decide every stage's action without changing anything; raise on a refusal.
+    ``command``: the command (config and --set options) a refusal's suggestion names."""
     rd = ctx.run_dir
     out: list[StagePlan] = []
     rebuilt: set[str] = set()  # stages whose data this run will (re)write
@@ -164,7 +188,9 @@ def make_plan(
         ctx.fingerprints[name] = fp
         if redo is not None and name in plan and ORDER.index(name) >= ORDER.index(redo):
             # its metadata is not read: --redo is how a damaged stage.json is repaired
-            action, why = ("redo", "asked with --redo") if sd.path.exists() else ("run", "")
+            action, why = "run", ""
+            if sd.path.exists():
+                action, why = "redo", _redo_reason(name, stage, redo)
         else:
             action, why = _decide(rd, sd, stage, settings, fp, rebuilt)
         if action != "skip":
@@ -173,11 +199,21 @@ def make_plan(
                 first = plan[0]
                 raise StageError(
                     f"stage '{name}' is needed by '{first}' but is not done with the current "
-                    f"settings ({why or 'not run yet'}); run `prb run CONFIG --until {name}` "
-                    "first"
+                    f"settings ({why or 'not run yet'}); run `{command} --until {name}` first"
                 )
         out.append(StagePlan(name, stage, settings, fp, action, why))
     return out
+
+
+def _redo_reason(name: str, stage: Stage, redo: str) -> str:
+    """Why ``--redo REDO`` re-does stage ``name``: asked for it, or its input is re-done."""
+    if name == redo:
+        return f"asked with --redo {redo}"
+    # every stage after the one asked for re-does because what it reads is re-done
+    inputs = [u for u in (*stage.requires, *stage.reads) if ORDER.index(u) >= ORDER.index(redo)]
+    if inputs:
+        return f"its input stage '{inputs[0]}' is re-done (--redo {redo})"
+    return f"it comes after stage '{redo}', which is re-done (--redo {redo})"
 
 
 def _decide(
@@ -243,10 +279,12 @@ def run_pipeline(
     progress: bool = True,
     echo: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
     lock: RunLock | None = None,
+    command: str = "prb run CONFIG",
 ) -> dict[str, dict[str, Any]]:
     """Run the planned stages; returns each executed stage's stats. ``lock``: the run
     directory's lock, already taken by the caller (`prb run` takes it before importing the
-    stages, so a second writer is refused at once); released here at the end."""
+    stages, so a second writer is refused at once); released here at the end. ``command``:
+    the `prb run` command with its config and --set options, for suggestions."""
     names = plan_stages(until, only, redo)
     if redo is not None and redo not in names:
         raise ConfigError(f"--redo {redo} is outside the stages this command runs")
@@ -262,7 +300,7 @@ def run_pipeline(
         lock.acquire()
     results: dict[str, dict[str, Any]] = {}
     try:
-        plans = make_plan(ctx, stages, names, redo)
+        plans = make_plan(ctx, stages, names, redo, command)
         for w in dict.fromkeys(ctx.warnings):
             echo(f"warning: {w}")
         _preflight(ctx, plans, echo)
@@ -272,7 +310,7 @@ def run_pipeline(
             rd.path.mkdir(parents=True, exist_ok=True)
             lock.acquire()
             ctx.fingerprints.clear()
-            plans = make_plan(ctx, stages, names, redo)
+            plans = make_plan(ctx, stages, names, redo, command)
         # the plan goes ahead: from here on the run directory changes
         removed = remove_strays(rd.path)
         if removed:
@@ -372,8 +410,11 @@ def summarize(stats: dict[str, Any]) -> str:
         from pipeline.backends import BACKENDS
 
         sent = "sent" if BACKENDS.answers_new(str(llm.get("backend"))) else "replayed"
+        # sent counts re-asks too: named, so sent above requests is explained
+        reasks = llm.get("reasks") or 0
+        more = f" + {reasks} re-asks" if reasks else ""
         parts.append(
-            f"requests {llm['requests']} ({sent} {llm['sent']}, cached {llm['cached']}, "
+            f"requests {llm['requests']}{more} ({sent} {llm['sent']}, cached {llm['cached']}, "
             f"failed {llm['failed']})"
         )
     return ", ".join(parts) + f" in {stats.get('seconds', 0)}s"

@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends import BACKENDS
-from pipeline.budget import LLM_STAGES, cost_usd
+from pipeline.budget import (
+    LLM_STAGES,
+    TEMPLATE_TOKENS_PER_MESSAGE,
+    Spend,
+    backend_spend,
+    cost_usd,
+    request_bound,
+)
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
 from pipeline.config import Config
@@ -306,6 +313,10 @@ class Figures:
     output_bound: int = 0
     output_expected: float | None = None
     choices: int = 0
+    # the prompts as run.budget bounds them before sending (UTF-8 bytes plus
+    # TEMPLATE_TOKENS_PER_MESSAGE a message; pipeline/budget.py), placeholder answers at
+    # max_tokens: what a budget must leave room for
+    budget_prompt: int = 0
 
 
 @dataclass
@@ -372,12 +383,12 @@ def _count(
     counter: TokenCounter,
     mean: float | None,
     keep_rows: list[dict] | None,
-    placeholder: tuple[str, int] | None = None,
+    placeholder: tuple[str, int, int] | None = None,
 ) -> None:
     """Count the planned requests into ``est``; what is done (``done`` None: everything)
     or cached is not to be sent. Rows of examples still to do go to ``keep_rows``.
-    ``placeholder``: the placeholder answer's text and the tokens an answer may have beyond
-    it (at ``max_tokens``), for the prompt bound."""
+    ``placeholder``: the placeholder answer's text, and the tokens and the bytes an answer
+    may have beyond it (at ``max_tokens``), for the prompt bounds."""
     batch: list[tuple[ChatRequest, bool]] = []
 
     def flush() -> None:
@@ -387,15 +398,18 @@ def _count(
             cached = settled or (bool(present) and req.key in present)
             tokens = counter.count(req)
             prompt_bound = tokens
+            budget_prompt = request_bound(req).prompt_tokens
             if placeholder is not None and placeholder[1] > 0:
                 held = sum(c.count(placeholder[0]) for _, c in req.messages)
                 prompt_bound += held * placeholder[1]
+                budget_prompt += held * placeholder[2]
             bound = req.max_tokens * req.n
             expected = min(mean, req.max_tokens) * req.n if mean is not None else None
             for fig in (est.total,) if cached else (est.total, est.to_send):
                 fig.requests += 1
                 fig.prompt_tokens += tokens
                 fig.prompt_bound += prompt_bound
+                fig.budget_prompt += budget_prompt
                 fig.output_bound += bound
                 fig.choices += req.n
                 if expected is not None:
@@ -643,8 +657,10 @@ def _estimate(
         placeholder = None
         if "responses" in placeholders_in and uses:
             text = filler.answer()
-            extra = config.responses.sampling.max_tokens - counter.text(text)
-            placeholder = (text, max(extra, 0))
+            extra = max(config.responses.sampling.max_tokens - counter.text(text), 0)
+            # the budget counts a prompt's bytes: the placeholder's bytes per token
+            per_token = len(text.encode("utf-8")) / max(counter.text(text), 1)
+            placeholder = (text, extra, math.ceil(extra * per_token))
         planned = stage.plan_examples(ctx, set(), filler)
         _count(est, planned, done, cache, counter, mean, keep, placeholder)
         if keep is not None:
@@ -683,7 +699,8 @@ def _estimate(
             "the bounds count rubrics not yet generated at their expected size: for the "
             "stages that quote them, the prompt bound is an estimate"
         )
-    totals, time_, cost = _summarise(ctx, out, tokens_per_second, measured)
+    spent = backend_spend(cache, served_by) if served_by else None
+    totals, time_, cost = _summarise(ctx, out, tokens_per_second, measured, spent)
     return Plan(
         run_dir=rd.shown,
         backend=backend,
@@ -701,10 +718,12 @@ def _summarise(
     stages: list[StageEstimate],
     tokens_per_second: float | None,
     measured: dict[str, dict[str, Any]],
+    spent: Spend | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     send = Figures()
     expected_known = True
     reasks = reask_prompt = reask_output = 0.0
+    reask_budget_prompt = reask_budget_output = 0.0
     for e in stages:
         if not e.uses_llm:
             continue
@@ -712,7 +731,13 @@ def _summarise(
         send.requests += s.requests
         send.prompt_tokens += s.prompt_tokens
         send.prompt_bound += s.prompt_bound
+        send.budget_prompt += s.budget_prompt
         send.output_bound += s.output_bound
+        if s.requests and e.reasks_expected:
+            # a re-ask repeats the prompt with the answer and the reason appended, and a
+            # cut-off one doubles max_tokens: counted at twice a first attempt's bound
+            reask_budget_prompt += e.reasks_expected * 2 * s.budget_prompt / s.requests
+            reask_budget_output += e.reasks_expected * 2 * s.output_bound / s.requests
         if s.requests and s.output_expected is None:
             expected_known = False
         send.output_expected = (send.output_expected or 0.0) + (s.output_expected or 0.0)
@@ -721,13 +746,27 @@ def _summarise(
         reask_output += e.reask_output_tokens
     expected_out = (send.output_expected or 0.0) + reask_output if expected_known else None
     prompt_all = send.prompt_tokens + reask_prompt
-    totals = {
+    totals: dict[str, Any] = {
         "requests_to_send": send.requests,
         "reasks_expected": round(reasks, 1),
         "prompt_tokens": round(prompt_all),
         "output_tokens_expected": round(expected_out) if expected_out is not None else None,
         "output_tokens_bound": send.output_bound,
         "prompt_tokens_bound": send.prompt_bound,
+    }
+    prices = ctx.config.run.prices
+    spent = spent or Spend()
+    # the run.budget under which the rest finishes: what this backend was paid so far
+    # (the budget counts it) and the budget's own bound of every request still to send,
+    # so a run given these limits is never refused a request the plan counted
+    prompt_total = spent.prompt_tokens + send.budget_prompt + math.ceil(reask_budget_prompt)
+    output_total = spent.completion_tokens + send.output_bound + math.ceil(reask_budget_output)
+    totals["budget_to_finish"] = {
+        "requests": spent.requests + send.requests + math.ceil(round(reasks, 6)),
+        "tokens": prompt_total + output_total,
+        "usd": cost_usd(prompt_total, output_total, prices),
+        "spent_requests": spent.requests,
+        "spent_tokens": spent.tokens,
     }
     tps, source = _throughput(ctx, tokens_per_second, measured)
     out_tokens = expected_out if expected_out is not None else float(send.output_bound)
@@ -737,7 +776,6 @@ def _summarise(
         "seconds": round(out_tokens / tps, 1) if tps else None,
         "basis": "expected output" if expected_out is not None else "output bound",
     }
-    prices = ctx.config.run.prices
     cost = {
         "input_usd_per_million": prices.input_usd_per_million,
         "output_usd_per_million": prices.output_usd_per_million,
@@ -764,8 +802,16 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def render(plan: Plan, fresh: Plan | None = None) -> str:
-    """The plan as a table for a terminal."""
+# example prices the plan's hint shows (both are needed: run.prices takes both or none)
+EXAMPLE_PRICES = (
+    "run.prices.input_usd_per_million=0.15",
+    "run.prices.output_usd_per_million=0.60",
+)
+
+
+def render(plan: Plan, fresh: Plan | None = None, command: str | None = None) -> str:
+    """The plan as a table for a terminal. ``command``: the `prb plan` command that made
+    it (config, options, every --set), which the hint for the cost extends."""
     lines = [f"run: {plan.run_dir}", f"backend: {plan.backend}"]
     head = (
         f"{'stage':11s}{'action':8s}{'examples':>10s}{'requests':>10s}{'cached':>9s}"
@@ -819,6 +865,17 @@ def render(plan: Plan, fresh: Plan | None = None) -> str:
                 )
     for note in plan.notes:
         lines.append(f"note: {note}")
+    need = t.get("budget_to_finish")
+    if need and t["requests_to_send"]:
+        usd = f", usd ${need['usd']:,.2f}" if need["usd"] is not None else ""
+        lines.append(
+            f"budget: the rest finishes under run.budget.requests {need['requests']:,}, "
+            f"tokens {need['tokens']:,}{usd} or more: this backend's spending so far "
+            f"({need['spent_requests']:,} requests, {need['spent_tokens']:,} tokens), plus "
+            "what is to send as the budget bounds it (prompt bytes + "
+            f"{TEMPLATE_TOKENS_PER_MESSAGE} a message, max_tokens a choice) and the expected "
+            "re-asks at twice a first attempt's bound"
+        )
     tm, c = plan.time, plan.cost
     if tm["seconds"] is not None:
         lines.append(
@@ -836,9 +893,11 @@ def render(plan: Plan, fresh: Plan | None = None) -> str:
             "million prompt / output tokens (run.prices)"
         )
     else:
+        example = " ".join(f"--set {p}" for p in EXAMPLE_PRICES)
+        with_prices = f"`{command} {example}`" if command else example
         lines.append(
-            "cost: set run.prices.input_usd_per_million and output_usd_per_million "
-            "(e.g. --set run.prices.input_usd_per_million=0.15) to see it"
+            "cost: set run.prices.input_usd_per_million and output_usd_per_million to see "
+            f"it, e.g. {with_prices}"
         )
     # a finished stage's estimate against what its backend answered (for a stage still
     # under way the ledger is only part of it)

@@ -33,15 +33,19 @@ def run_summary(
     *,
     seconds: float,
     error: str | None = None,
+    next_commands: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every stage's state and counts; request totals over the stages this command ran.
 
     ``ran`` names the stages this command executed (the others were already done, or were
-    not asked for).
+    not asked for). ``next_commands``: after a budget stop, the commands that go on
+    (``resume``) and plan the rest (``plan``), as the CLI prints them.
     """
     rd = RunDir(run_dir)
     stages: dict[str, Any] = {}
-    totals = dict.fromkeys(("sent", "cached", "failed", "tokens"), 0)
+    # sent counts every request that went to the backend, re-asks included; reasks says
+    # how many of the requests were re-asks (sent, or answered by the cache)
+    totals = dict.fromkeys(("sent", "cached", "failed", "reasks", "tokens"), 0)
     for name in ORDER:
         try:
             state, done, expected = rd.stage(name).status()
@@ -66,7 +70,7 @@ def run_summary(
             if llm.get("failure_reasons"):
                 entry["requests"]["failure_reasons"] = llm["failure_reasons"]
             if name in ran:
-                for k in ("sent", "cached", "failed"):
+                for k in ("sent", "cached", "failed", "reasks"):
                     totals[k] += int(llm.get(k, 0))
                 totals["tokens"] += int(llm.get("prompt_tokens", 0)) + int(
                     llm.get("completion_tokens", 0)
@@ -77,7 +81,7 @@ def run_summary(
             }
         stages[name] = entry
     pairs = stages["pairs"]
-    return {
+    out = {
         "ok": error is None,
         "error": error,
         "run_dir": rd.shown,
@@ -87,6 +91,9 @@ def run_summary(
         "requests": totals,
         "seconds": round(seconds, 3),
     }
+    if next_commands:
+        out["next"] = next_commands
+    return out
 
 
 def stages_started_since(run_dir: str | Path, since: float) -> list[str]:
@@ -107,8 +114,16 @@ def stages_started_since(run_dir: str | Path, since: float) -> list[str]:
     return started
 
 
-def print_run_summary(run_dir: str | Path, *, since: float, error: str | None = None) -> None:
+def print_run_summary(
+    run_dir: str | Path,
+    *,
+    since: float,
+    error: str | None = None,
+    next_commands: dict[str, str] | None = None,
+) -> None:
     """Print run_summary() as JSON on stdout for a command that began at ``since``."""
     ran = stages_started_since(run_dir, since)
-    summary = run_summary(run_dir, ran, seconds=time.time() - since, error=error)
+    summary = run_summary(
+        run_dir, ran, seconds=time.time() - since, error=error, next_commands=next_commands
+    )
     print(json.dumps(summary, indent=2), flush=True)

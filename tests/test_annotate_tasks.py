@@ -284,6 +284,23 @@ def test_gold_tasks_pair_an_on_topic_answer_with_an_unrelated_one(run):
     assert positions != list(range(len(plan.tasks) - 8, len(plan.tasks)))
 
 
+@pytest.mark.parametrize(
+    ("pairs", "gold"),
+    [(220, 10), (200, 10), (10, 1), (30, 2), (2, 1)],
+)
+def test_a_smaller_round_gets_the_same_share_of_gold_tasks(tmp_path, pairs, gold):
+    """The defaults (10 gold tasks in a round of 200 pairs) on runs of every size: a full
+    round keeps its 10, a 10-pair round gets 1 (not 10 beside 10 pairs), 30 pairs get 2;
+    every round with a pair has one (a gold task needs a second pair as its decoy)."""
+    run_dir = tmp_path / "synthetic"
+    make_synthetic_run(run_dir, pairs)
+    config = make_config(tmp_path, sample_size=200, gold_tasks=10)
+    done = export_round(config, run_dir, 1, file_only=True)
+    tasks = json.loads(Path(done["tasks_file"]).read_text())
+    assert sum(t["data"]["gold"] for t in tasks) == done["gold"] == gold
+    assert done["pairs"] == min(pairs, 200) == len(tasks) - gold
+
+
 def test_gold_falls_back_to_other_examples_with_one_category(run):
     _, pairs = run
     one_cat = [p | {"category": "X"} for p in pairs[:10]]

@@ -231,7 +231,13 @@ def _release(tmp_path, n: int = 20):
     pq.write_table(pa.Table.from_pylist(full, schema=feats.arrow_schema), rel / "all" / DATA_FILE)
     (rel / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n")
     (rel / "release.json").write_text(
-        json.dumps({"agreement": {"round-1": {"krippendorff_alpha": 0.42, "items": 6}}})
+        json.dumps(
+            {
+                "agreement": {
+                    "round-1": {"krippendorff_alpha": 0.42, "items": 6, "items_with_2plus": 4}
+                }
+            }
+        )
     )
     return rel
 
@@ -250,6 +256,16 @@ def test_release_folder_judge_and_human_figures(tmp_path):
     assert fig["agreement"]["annotated_pairs"] == 6
     assert fig["agreement"]["mean_vote_share"] == pytest.approx(0.8333, abs=1e-4)
     assert fig["agreement"]["rounds"]["round-1"]["krippendorff_alpha"] == 0.42
+    # the report's table names each figure in words, never by its key
+    page = (tmp_path / "out" / "audit.html").read_text(encoding="utf-8")
+    table = page.split("<h2>Human agreement</h2>", 1)[1].split("<h2>", 1)[0]
+    for label, value in (
+        ("tasks annotated", "6"),
+        ("tasks with two or more votes", "4"),
+        ("Krippendorff&#x27;s alpha", "0.42"),
+    ):
+        assert re.search(rf"<t[dh]>{label}</t[dh]>\s*<td[^>]*>{value}", table), label
+    assert "2plus" not in table and "krippendorff_alpha" not in table
 
 
 def test_judge_callable_measures_leakage_on_plain_files(tmp_path):

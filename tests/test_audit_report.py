@@ -157,7 +157,7 @@ def test_small_set_reports_asymmetries_not_a_clear(tmp_path, capsys):
     rows = crafted(4, biased=True)
     assert main(["audit", str(write_jsonl(tmp_path / "t.jsonl", rows))]) == 0
     out = capsys.readouterr().out
-    assert "too small to clear of shortcuts: 4 pairs, the probe needs 10" in out
+    assert "too small to clear of shortcuts: 4 pairs; the probe runs from 10 pairs" in out
     assert "chosen answers are longer (in words) in 4 of 4 pairs" in out
     page = (tmp_path / "t-audit" / "audit.html").read_text(encoding="utf-8")
     assert "No shortcut flagged" not in page and "too small to clear of shortcuts" in page
@@ -181,6 +181,29 @@ def test_compare_two_sources(tmp_path, capsys):
     page = (tmp_path / "cmp" / "audit.html").read_text(encoding="utf-8")
     assert "Side by side" in page and "Empty answer per 100" in page and str(b) in page
     assert (tmp_path / "cmp" / "flags-compare.jsonl").read_text().count('"empty"') == 5
+
+
+def test_pairs_without_a_category_are_uncategorized_as_in_a_release(tmp_path, capsys):
+    """A source whose rows have no category, compared with one that has: the figures,
+    the per-category table and the side-by-side view say "uncategorized" (the name
+    `prb publish` gives those pairs' folder), never "None"."""
+    rows_a = crafted(12, biased=False, seed=1)
+    for r in rows_a[:4]:
+        r["category"] = None
+    a = write_jsonl(tmp_path / "a.jsonl", rows_a)
+    rows_b = crafted(12, biased=False, seed=2)
+    for r in rows_b:
+        r.pop("category")
+    b = write_jsonl(tmp_path / "b.jsonl", rows_b)
+    assert main(["audit", str(a), "--compare", str(b), "--out", str(tmp_path / "cmp")]) == 0
+    fig = json.loads((tmp_path / "cmp" / "audit.json").read_text())
+    assert fig["per_category"]["uncategorized"]["pairs"] == 4
+    assert list(fig["compare"]["per_category"]) == ["uncategorized"]
+    assert fig["compare"]["per_category"]["uncategorized"]["pairs"] == 12
+    page = (tmp_path / "cmp" / "audit.html").read_text(encoding="utf-8")
+    side = page.split("<h2>Side by side</h2>", 1)[1]
+    assert "<td>uncategorized</td>" in side
+    assert "<td>None</td>" not in page and "None" not in json.dumps(fig["per_category"])
 
 
 @pytest.mark.parametrize(

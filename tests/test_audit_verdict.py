@@ -80,11 +80,19 @@ def test_set_too_small_for_the_probe(tmp_path, capsys):
     fig, page = _saved(tmp_path)
     v = fig["verdict"]
     assert v["status"] == "too_small" and fig["shortcut_probe"]["status"] == "too_small"
+    # under the probe's minimum it does not run: that minimum is not a size that clears
     assert v["headline"].startswith(
-        f"Too small to clear of shortcuts: {n} pairs, the probe needs {PROBE_MIN_PAIRS}"
+        f"Too small to clear of shortcuts: {n} pairs; the probe runs from {PROBE_MIN_PAIRS} "
+        "pairs and clears a set only where chance stays under 0.6"
     )
+    assert "needs" not in v["headline"]
     assert [(r["gate"], r["kind"]) for r in v["reasons"]] == [("shortcut_probe", "cannot_clear")]
-    assert v["shortcut"] == {**v["shortcut"], "ran": False, "needs_pairs": PROBE_MIN_PAIRS}
+    assert v["shortcut"] == {
+        **v["shortcut"],
+        "ran": False,
+        "needs_pairs": None,
+        "runs_from": PROBE_MIN_PAIRS,
+    }
     _agree(fig, page, out)
     assert "No shortcut" not in page and 'class="headline ok"' not in page
 
@@ -93,10 +101,30 @@ def test_set_too_small_for_the_probe(tmp_path, capsys):
         code, out, err = _run_cli(tmp_path, src, capsys, fail_on)
         assert code == 3, fail_on
         assert f"audit gate failed (--fail-on {fail_on}): too small to clear of shortcuts" in err
-        assert f"{n} pairs, the probe needs {PROBE_MIN_PAIRS}" in err
+        assert f"{n} pairs; the probe runs from {PROBE_MIN_PAIRS} pairs" in err
     # a gate on a check that ran and did not fire passes
     code, out, err = _run_cli(tmp_path, src, capsys, "empty,refusal")
     assert code == 0 and err == ""
+
+
+def test_the_size_a_set_needs_reads_the_same_below_and_at_the_minimum(tmp_path, capsys):
+    """One pair under the probe's minimum, and at it: the audit never says the minimum
+    is what the set needs, and once the probe runs it says about how many clear it,
+    more than the minimum (the chance level is far over 0.6 at 10 pairs)."""
+    said = {}
+    for n in (PROBE_MIN_PAIRS - 1, PROBE_MIN_PAIRS):
+        src = write_jsonl(tmp_path / f"n{n}.jsonl", crafted(n, biased=False, seed=3))
+        _code, out, _err = _run_cli(tmp_path, src, capsys)
+        fig, page = _saved(tmp_path)
+        _agree(fig, page, out)
+        said[n] = fig["verdict"]
+    below, at = said[PROBE_MIN_PAIRS - 1], said[PROBE_MIN_PAIRS]
+    assert below["status"] == at["status"] == "too_small"
+    assert f"the probe runs from {PROBE_MIN_PAIRS} pairs" in below["headline"]
+    assert f"needs {PROBE_MIN_PAIRS}" not in below["headline"]
+    needs = at["shortcut"]["needs_pairs"]
+    assert needs > PROBE_MIN_PAIRS
+    assert f"{PROBE_MIN_PAIRS} pairs, the probe needs about {needs:,} to clear it" in at["headline"]
 
 
 def test_the_issue_case_is_not_cleared(tmp_path, capsys):

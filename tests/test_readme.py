@@ -274,7 +274,8 @@ def _result(walk: Walk, prefix: str) -> subprocess.CompletedProcess[str]:
 
 
 REQUESTS = re.compile(
-    r"\[(\w+)\] done: .*requests (\d+) \((?:sent|replayed) (\d+), cached (\d+), failed (\d+)\)"
+    r"\[(\w+)\] done: .*requests (\d+)(?: \+ \d+ re-asks)? "
+    r"\((?:sent|replayed) (\d+), cached (\d+), failed (\d+)\)"
 )
 
 

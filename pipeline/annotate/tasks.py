@@ -2,7 +2,8 @@
 
 A round samples ``annotation.sample_size`` kept pairs, spread over strata (category,
 rejected strategy, judge confidence) in proportion to their size, skipping pairs sent in
-earlier rounds, and adds ``annotation.gold_tasks`` attention checks with a known answer.
+earlier rounds, and adds attention checks with a known answer: ``annotation.gold_tasks``
+for a full round, the same share of a smaller one (:func:`gold_count`).
 Every choice is derived from hashes of the round's seed (``run.seed + round``) and the
 pair ids, so the same run and round give the same tasks in any order of input rows, and
 a re-export recognises what it already sent.
@@ -208,6 +209,19 @@ def stratified_sample(
     return Sample(pairs=chosen, strata=strata)
 
 
+def gold_count(gold_tasks: int, pairs: int, sample_size: int) -> int:
+    """Gold tasks in a round of ``pairs`` pair tasks: ``annotation.gold_tasks`` is the
+    count for a full round of ``sample_size`` pairs (10 in 200 by default: one task in 21);
+    a smaller round (a small run, the last pairs left) keeps that share, rounded up, so it
+    has at least one while it has a pair and never more gold than the share says: a
+    10-pair round gets 1, not 10."""
+    if gold_tasks <= 0 or pairs <= 0:
+        return 0
+    if pairs >= sample_size:
+        return gold_tasks
+    return -(-gold_tasks * pairs // sample_size)
+
+
 def pick_gold(
     pairs: Sequence[dict], n: int, seed: int, *, avoid: Iterable[str] = ()
 ) -> list[tuple[dict, dict]]:
@@ -352,7 +366,8 @@ def build_round(
         data.pairs, sample_size, stratify_by, seed, exclude=earlier, levels=levels
     )
     picked = {p["pair_id"] for p in sample.pairs}
-    gold = pick_gold(data.pairs, gold_tasks, seed, avoid=earlier | picked)
+    n_gold = gold_count(gold_tasks, len(sample.pairs), sample_size)
+    gold = pick_gold(data.pairs, n_gold, seed, avoid=earlier | picked)
 
     tasks = [make_task(p, round_no=round_no, seed=seed) for p in sample.pairs]
     for base, decoy in gold:

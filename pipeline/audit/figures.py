@@ -265,7 +265,7 @@ def _checks_figures(
         rows_by_check.setdefault(f["check"], set()).add(f["row"])
     for code, idx in rows_by_check.items():
         for i in idx:
-            by_cat.setdefault(str(rows[i].get("category")), Counter())[code] += 1
+            by_cat.setdefault(category_label(rows[i].get("category")), Counter())[code] += 1
     flagged = {f["row"] for f in flags}
     counts = {code: len(rows_by_check[code]) for code in CHECKS if code in rows_by_check}
     return {
@@ -297,6 +297,18 @@ def _checks_figures(
     }
 
 
+# pairs without a category: the name `prb publish` gives their folder (pipeline/publish.py)
+UNCATEGORIZED = "uncategorized"
+
+
+def category_label(value: Any) -> str:
+    """A category as the figures and the report name it: a missing or blank one is
+    "uncategorized", as in a release, never "None"."""
+    if value is None or not str(value).strip():
+        return UNCATEGORIZED
+    return str(value)
+
+
 def _per_category(
     rows: Sequence[dict[str, Any]],
     wc: Sequence[int],
@@ -307,7 +319,7 @@ def _per_category(
 ) -> dict[str, Any]:
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
-        groups.setdefault(str(r.get("category")), []).append(i)
+        groups.setdefault(category_label(r.get("category")), []).append(i)
     flagged_rows = {f["row"] for f in flags}
     out = {}
     for cat, idx in sorted(groups.items()):
@@ -336,6 +348,24 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def too_small_text(probe: dict[str, Any]) -> str:
+    """What a set too small to clear lacks, worded the same in the headline, the reason
+    and the gate: under PROBE_MIN_PAIRS the probe does not run at all (no size to clear
+    can be estimated without its chance level); from there on, ``needs_pairs`` is about
+    the size at which its chance level falls to the threshold."""
+    n = probe["pairs"]
+    if "auc" not in probe:
+        return (
+            f"too small to clear of shortcuts: {n:,} pairs; the probe runs from "
+            f"{probe['runs_from']:,} pairs and clears a set only where chance stays under "
+            f"{probe['threshold']} (from 150 to 300 pairs on the test sets, docs/audit.md)"
+        )
+    return (
+        f"too small to clear of shortcuts: {n:,} pairs, the probe needs about "
+        f"{probe['needs_pairs']:,} to clear it"
+    )
+
+
 def _probe_reason(probe: dict[str, Any]) -> dict[str, Any] | None:
     """The probe's part of the verdict: what it found, in one sentence, or None when it
     clears the set."""
@@ -344,10 +374,7 @@ def _probe_reason(probe: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if "auc" not in probe:  # not run
         asym = [a["text"] for a in probe.get("asymmetries", []) if a.get("notable")]
-        text = (
-            f"too small to clear of shortcuts: {n} pairs, the probe needs {probe['needs_pairs']}"
-            + (f"; plain asymmetries: {'; '.join(asym)}" if asym else "")
-        )
+        text = too_small_text(probe) + (f"; plain asymmetries: {'; '.join(asym)}" if asym else "")
         return {"gate": PROBE_GATE, "kind": "cannot_clear", "text": text}
     chance = f"95% of side-swapped runs at {n:,} pairs reach {probe['chance_highest_p95']:.3f}"
     top, over = probe["highest"], probe["over_threshold"]
@@ -368,10 +395,7 @@ def _probe_reason(probe: dict[str, Any]) -> dict[str, Any] | None:
         if over
         else f"{highest}, is under {thr}, but {chance}, so a shortcut could pass unseen"
     )
-    text = (
-        f"too small to clear of shortcuts: {n:,} pairs, the probe needs about "
-        f"{probe['needs_pairs']:,}: {why}"
-    )
+    text = f"{too_small_text(probe)}: {why}"
     return {"gate": PROBE_GATE, "kind": "cannot_clear", "text": text}
 
 
@@ -411,11 +435,7 @@ def verdict(fig: dict[str, Any]) -> dict[str, Any]:
         top = probe["highest"]
         parts.append(f"shortcut probe: {top['label']} {top['value']:.3f} > {probe['threshold']}")
     if probe["status"] == "too_small":
-        about = "" if "auc" not in probe else "about "
-        parts.append(
-            f"too small to clear of shortcuts: {n:,} pairs, the probe needs "
-            f"{about}{probe['needs_pairs']:,}"
-        )
+        parts.append(too_small_text(probe))
     if not fired:
         parts.append(f"no check fired ({ran})")
     if probe["status"] == "clear" and fired:
@@ -446,6 +466,7 @@ def verdict(fig: dict[str, Any]) -> dict[str, Any]:
             "over_threshold",
             "chance_highest_p95",
             "needs_pairs",
+            "runs_from",
         )
     }
     shortcut["ran"] = "auc" in probe

@@ -332,8 +332,8 @@ def probe_status(probe: dict[str, Any]) -> dict[str, Any]:
     size at which chance stays under the threshold."""
     thr = PROBE_FLAG_AUC
     n = probe["pairs"]
-    if "auc" not in probe:  # not run
-        return {"status": "too_small", "needs_pairs": PROBE_MIN_PAIRS, "over_threshold": []}
+    if "auc" not in probe:  # not run: no chance level, so no size to clear can be told
+        return {"status": "too_small", "needs_pairs": None, "over_threshold": []}
     single = probe["single_feature_auc"]
     figures = [
         {"figure": "auc", "label": "AUC (mean over folds)", "value": probe["auc"]},
@@ -376,9 +376,10 @@ def shortcut_probe(
     n = len(rows)
     if n < PROBE_MIN_PAIRS:
         out: dict[str, Any] = {
-            "skipped": f"{n} pairs; the probe needs at least {PROBE_MIN_PAIRS}",
+            "skipped": f"{n} pairs; the probe runs from {PROBE_MIN_PAIRS} pairs",
             "pairs": n,
             "threshold": PROBE_FLAG_AUC,
+            "runs_from": PROBE_MIN_PAIRS,
         }
         out.update(probe_status(out))
         out["flagged"] = False
@@ -434,6 +435,7 @@ def shortcut_probe(
         "folds": PROBE_FOLDS,
         "seed": PROBE_SEED,
         "pairs": n,
+        "runs_from": PROBE_MIN_PAIRS,
         "features": list(PROBE_FEATURES),
         "feature_names": {f: feature_name(f) for f in PROBE_FEATURES},
         # standardised coefficients: positive means the chosen side has more of it

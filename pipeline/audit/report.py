@@ -466,14 +466,13 @@ def _judge_sections(fig: dict[str, Any]) -> str:
         )
     if fig["agreement"]:
         a = fig["agreement"]
-        names = {"annotated_pairs": "annotated pairs", "mean_vote_share": "mean vote share"}
         out += (
             "<h2>Human agreement</h2>"
-            + _table([(names.get(k, k), v) for k, v in a.items() if not isinstance(v, dict)])
+            + _table([(_agreement_label(k), v) for k, v in a.items() if not isinstance(v, dict)])
             + "".join(
                 f"<h3>{_E(str(rnd))}</h3>"
                 + _table(
-                    [(str(k).replace("_", " "), v) for k, v in r.items() if not isinstance(v, dict)]
+                    [(_agreement_label(k), v) for k, v in r.items() if not isinstance(v, dict)]
                 )
                 for rnd, r in (a.get("rounds") or {}).items()
                 if isinstance(r, dict)
@@ -488,6 +487,26 @@ def _judge_sections(fig: dict[str, Any]) -> str:
             else f"<h2>Judge and human figures</h2><p>{said}</p>"
         )
     return out
+
+
+# The agreement figures' keys (audit/figures.py, and each round's summary in release.json,
+# pipeline/publish.py) as the report's table shows them
+AGREEMENT_LABELS = {
+    "annotated_pairs": "annotated pairs",
+    "mean_vote_share": "mean vote share",
+    "items": "tasks annotated",
+    "annotators": "annotators",
+    "annotations": "annotations",
+    "items_with_2plus": "tasks with two or more votes",
+    "krippendorff_alpha": "Krippendorff's alpha",
+    "raw_agreement": "raw agreement",
+    "gold_accuracy": "gold task accuracy",
+}
+
+
+def _agreement_label(key: Any) -> str:
+    """A figure's label; a key this table does not know yet is shown in words."""
+    return AGREEMENT_LABELS.get(str(key), str(key).replace("_", " "))
 
 
 def _category_section(fig: dict[str, Any]) -> str:

@@ -262,9 +262,11 @@ def open_run(target: str | Path, overrides: Sequence[str] = ()) -> tuple[RunDir,
         cfg = load_config(target, list(overrides))
         rd = RunDir(cfg.run_dir)
         if not rd.path.is_dir():
+            from pipeline.cliargs import command_line
+
             raise InputError(
                 f"this config's run directory {rd.shown} does not exist yet; run "
-                f"`prb run {target}` first",
+                f"`{command_line(['prb', 'run', target], overrides)}` first",
                 path=target,
             )
         return rd, cfg
