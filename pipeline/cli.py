@@ -193,14 +193,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--word-cap",
         type=int,
         metavar="N",
-        help="the stated word cap the over_cap check uses (default: the run's "
-        "responses.word_cap, else 100), plus pairs.length_slack",
+        help="the stated word cap the over_cap check uses (default: the cap a release "
+        "records, else the run's responses.word_cap, else 100), plus pairs.length_slack",
     )
     p.add_argument(
         "--config",
         type=Path,
         help="a run config whose pairs section (patterns, thresholds) the checks use "
-        "(default: the run's run.yaml, else the defaults)",
+        "(default: the rules a release records, else the run's run.yaml, else the defaults)",
+    )
+    p.add_argument(
+        "--stale-ok",
+        action="store_true",
+        help="audit a run's release (or pair stage) even when the run has moved on since it "
+        "was built (a stage re-done or being re-done); refused without it",
     )
 
     p = sub.add_parser("cache", help="look after a run's request cache (cache.sqlite)")
@@ -632,7 +638,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     fail_on = parse_fail_on(args.fail_on)  # a typo fails before the work, not after
     res = audit(
-        args.path, args.out, compare=args.compare, config=args.config, word_cap=args.word_cap
+        args.path,
+        args.out,
+        compare=args.compare,
+        config=args.config,
+        word_cap=args.word_cap,
+        stale_ok=args.stale_ok,
     )
     probe, length = res["shortcut_probe"], res["length"]
     verdict = res["verdict"]  # the decision the report's headline and --fail-on read
