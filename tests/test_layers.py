@@ -24,6 +24,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         "types and rules",
         ["pipeline.chat", "pipeline.records", "pipeline.rules", "pipeline.schemas",
          "pipeline.prompts", "pipeline.profile", "pipeline.dedup", "pipeline.filters",
+         # the release row's table; its `recorded` module reads runs (a command)
+         "pipeline.release",
          # the two registries: names only, their modules load when chosen
          "=pipeline.backends", "=pipeline.stages"],
     ),
@@ -35,6 +37,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "commands",
         ["pipeline.publish", "pipeline.annotate", "pipeline.audit", "pipeline.eval",
+         "pipeline.release.recorded",
          "pipeline.quickstart", "pipeline.plan"],
     ),
     ("interface", ["pipeline.cli", "pipeline.errorline"]),

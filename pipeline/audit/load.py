@@ -258,7 +258,11 @@ def load_pairs(
         if (path / RELEASE_ALL).is_dir():
             summary = summary_of(path)
             inside = run is not None and _real(run.release_dir) == _real(path)
-            note = check_current(path, run, summary, stale_ok=stale_ok) if inside else None
+            note = (
+                check_current(path, run, summary or {}, stale_ok=stale_ok)
+                if inside and run is not None
+                else None
+            )
             rows = _from_parquet(path / RELEASE_ALL, where)
             return described(rows, path, "release", note=note, _recorded=_recorded(summary, path))
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():

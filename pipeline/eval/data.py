@@ -144,7 +144,7 @@ def build_pairs(
 
 def profile_selection(rows: Sequence[dict[str, Any]], cfg: Any) -> dict[str, Any]:
     """How the split's profile posts were chosen, for the results: the run's recorded
-    ranking where every row carries one, else the config's ranker (``from`` says which)."""
+    ranking where every row carries one (``from`` says so), else the config's ranker."""
     views = [r.get("profile_view") for r in rows]
     if views and all(isinstance(v, dict) and isinstance(v.get("order"), list) for v in views):
         rankers = sorted({str(v.get("ranker")) for v in views if isinstance(v, dict)})
@@ -155,13 +155,10 @@ def profile_selection(rows: Sequence[dict[str, Any]], cfg: Any) -> dict[str, Any
             "from": "the split's recorded ranking (profile_view)",
         }
     p = cfg.profile
-    mixed = any(isinstance(v, dict) for v in views)
-    return {
-        "top_k": p.top_k,
-        "ranker": p.ranker,
-        "from": "the config"
-        + (" (rows without a recorded ranking; the others use theirs)" if mixed else ""),
-    }
+    out: dict[str, Any] = {"top_k": p.top_k, "ranker": p.ranker}
+    if any(isinstance(v, dict) for v in views):
+        out["from"] = "the config for rows without a recorded ranking; the others use theirs"
+    return out
 
 
 def load_split(

@@ -22,6 +22,7 @@ from pipeline.publish.card import DATA_FILE, config_name, data_file_digests, ren
 from pipeline.publish.select import check_policy, select_pairs
 from pipeline.publish.summary import release_summary
 from pipeline.release.columns import build_row, features
+from pipeline.release.recorded import check_current
 from pipeline.run import RunDir
 from pipeline.run.layout import RELEASE_ALL, RELEASE_SUMMARY
 
@@ -86,6 +87,8 @@ def publish(
         config = rd.try_config()
 
     records = list(rd.pair_records())
+    # pairs built from stages the run has since re-done (or is re-doing) are not published
+    check_current(rd.stage("pairs").path, rd, None, stale_ok=False, overridable=False)
     verdicts = latest_verdicts(rd)
     agreement = agreement_summaries(rd)
     selected, excluded = select_pairs(records, verdicts, policy)

@@ -116,14 +116,15 @@ def _served(sd: StageDir) -> dict[str, Any] | None:
 
 
 def _state(sd: StageDir) -> str:
+    """Where a stage stands now, as the end of a sentence about it."""
     if not sd.path.exists():
-        return "removed"
+        return "was removed"
     if sd.done:
         marker = sd.marker()
         if sd.name == "pairs" and marker is not None:
-            return f"done again, keeping {marker.rows} pairs"
-        return "done again"
-    return "partly done" if sd.shard_ids() else "started, nothing done yet"
+            return f"is done, keeping {marker.rows} pairs"
+        return "is done"
+    return "is partly done" if sd.shard_ids() else "has started, nothing done yet"
 
 
 def _backend_note(sd: StageDir, before: Mapping[str, Any] | None) -> str:
@@ -139,24 +140,24 @@ def _backend_note(sd: StageDir, before: Mapping[str, Any] | None) -> str:
 
 
 def _moved_on(rd: RunDir) -> tuple[StageDir, str] | None:
-    """The first stage (in run order) whose data is no longer what the pair stage was built
-    from, and how: unfinished, re-done since, or started again with other settings."""
+    """The first stage (in run order) whose data is no longer what the finished pair stage
+    was built from, and how: unfinished, re-done since, or started again with other
+    settings. None when the pair stage is not finished (its reader says so)."""
     from pipeline.orchestrate import content_id
 
     pairs = rd.stage("pairs")
     marker = pairs.marker() if pairs.done else None
     if marker is None:
-        return pairs, "the pair stage is " + _state(pairs).replace(" again", "")
+        return None
     inputs = marker.inputs or {}
     stages = rd.stages()
     for sd in stages:
-        meta = sd.meta
         if sd.name == "pairs":
             break
-        if meta is None:
+        if sd.meta is None:
             continue
         if not sd.done:
-            return sd, f"stage '{sd.name}' is being re-done ({_state(sd)})"
+            return sd, f"stage '{sd.name}' is being re-done (it {_state(sd)})"
         if sd.name in inputs and inputs[sd.name] != content_id(sd):
             return sd, f"stage '{sd.name}' was re-done after the pair stage finished"
     for sd in stages:  # each stage's record of the fingerprints it was built on
@@ -180,43 +181,67 @@ def _when(t: Any) -> str:
 
 
 def _release_moved_on(rd: RunDir, summary: Mapping[str, Any]) -> tuple[StageDir, str] | None:
-    """How the run differs from what the release recorded at publish time, if it does."""
+    """How the run differs from what the release recorded at publish time, if it does: the
+    first stage (in run order) whose identity changed. A release that recorded nothing
+    (written before it did) is compared on the pair stage being unfinished only."""
     recorded = (summary.get("built_from") or {}).get("stages")
     if not isinstance(recorded, dict):
+        pairs = rd.stage("pairs")
+        if pairs.path.exists() and not pairs.done:
+            return pairs, f"the pair stage {_state(pairs)}"
         return None
     for sd in rd.stages():
         want = recorded.get(sd.name)
         if not isinstance(want, dict):
             continue
         now = stage_identity(sd)
-        if now is None:
-            return sd, f"stage '{sd.name}' was removed"
         if now == want:
             continue
-        if now["fingerprint"] != want.get("fingerprint"):
+        if now is None:
+            how = "was removed"
+        elif now["fingerprint"] != want.get("fingerprint"):
             how = "was re-done with other settings" if sd.done else "is being re-done"
         else:
             how = "was re-done" if sd.done else "is being re-done"
-        return sd, f"stage '{sd.name}' {how} since the release was built ({_state(sd)})"
+        how = f"stage '{sd.name}' {how} since the release was built"
+        pairs = rd.stage("pairs")
+        if now is not None:
+            how += f" (it {_state(sd)}" + (
+                f"; the pair stage {_state(pairs)})" if sd.name != "pairs" else ")"
+            )
+        return sd, how
     return None
 
 
 def check_current(
-    source: Path, rd: RunDir, summary: Mapping[str, Any] | None, *, stale_ok: bool
+    source: Path,
+    rd: RunDir,
+    summary: Mapping[str, Any] | None,
+    *,
+    stale_ok: bool,
+    overridable: bool = True,
 ) -> str | None:
     """Refuse (one :class:`StaleReleaseError`) a release, or a run's pair stage read in
     place of one, that the run no longer supports; with ``stale_ok`` return that as a note
-    instead. ``summary``: the release's release.json (None: reading the pair stage itself).
-    Returns None when the source matches the run."""
-    found = _release_moved_on(rd, summary) if summary is not None else None
-    found = found or _moved_on(rd)
+    instead. ``summary``: the release's release.json (an empty one for a release without
+    it; None: reading the pair stage itself). Returns None when the source matches the
+    run (or there is nothing in the run to compare with). ``overridable``: False where
+    no ``--stale-ok`` exists (publish), and the message does not offer it."""
+    if summary is not None:
+        found = _release_moved_on(rd, summary) or (
+            _moved_on(rd) if rd.stage("pairs").done else None
+        )
+    else:
+        found = _moved_on(rd)
     if found is None:
         return None
     sd, how = found
-    served = (summary or {}).get("provenance", {}).get("served_by") or {}
+    prov = (summary or {}).get("provenance")
+    served = prov.get("served_by") if isinstance(prov, dict) else None
     how += _backend_note(sd, served.get(sd.name) if isinstance(served, dict) else None)
     if summary is not None:
-        built = summary.get("built_from") or {}
+        built = summary.get("built_from")
+        built = built if isinstance(built, dict) else {}
         kept = built.get("pairs_kept", summary.get("rows"))
         when = _when(built.get("pairs_finished"))
         what = f"the release {source} is stale: it was built from {when}"
@@ -227,6 +252,11 @@ def check_current(
         redo = "finish the run (`prb run CONFIG`) to rebuild it"
     if stale_ok:
         return f"{what}; {how}; read anyway ({STALE_OK})"
+    if not overridable:  # publish: a release of pairs the run no longer supports is never made
+        raise StaleReleaseError(
+            f"{what}, and the run has moved on: {how}. Nothing was published: {redo}, then publish",
+            path=source,
+        )
     raise StaleReleaseError(
         f"{what}, and the run has moved on: {how}. Nothing was read: {redo}, or pass "
         f"{STALE_OK} to read the old one anyway",
