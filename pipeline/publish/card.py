@@ -26,7 +26,7 @@ REFERENCE_SUBSETS = (
     "Society_and_Culture",
 )
 # The card's prose: a template file inside the package (shipped in the wheel).
-CARD_TEMPLATE = ("templates", "dataset_card.md.j2")
+CARD_TEMPLATE = "templates/dataset_card.md.j2"
 
 
 def _json(obj: Any) -> str:
@@ -97,7 +97,7 @@ def render_card(summary: dict[str, Any]) -> str:
     env = jinja2.Environment(
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
     )
-    text = resources.files("pipeline").joinpath(*CARD_TEMPLATE).read_text(encoding="utf-8")
+    text = resources.files("pipeline").joinpath(CARD_TEMPLATE).read_text(encoding="utf-8")
     template = env.from_string(text)
     prov = summary["provenance"]
     categories = [name for name in summary["configs"] if name != "all"]

@@ -122,8 +122,8 @@ class Number(Kind):
         if v is None:
             return
         bounded = self.lo is not None and self.hi is not None
-        if not is_number(v) or (bounded and not self.lo <= v <= self.hi):  # type: ignore[operator]
-            span = f" {self.lo:g}-{self.hi:g}" if bounded else ""  # type: ignore[str-format]
+        if not is_number(v) or (bounded and not self.lo <= v <= self.hi):
+            span = f" {self.lo:g}-{self.hi:g}" if bounded else ""
             raise RecordProblem(field, f"{self.what}{span} or null", v)
 
 
