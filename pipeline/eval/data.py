@@ -168,12 +168,16 @@ def load_split(
     audit`` reads, refused the same way when its run has moved on) as EvalPairs, and its
     description for the results."""
     from pipeline.audit import load_pairs
+    from pipeline.audit.load import check_types
 
     path = Path(path)
     # a run's pairs come as full records (profile and rubric included), like a release's
     rows, source = load_pairs(path, stale_ok=stale_ok)
     if limit:
         rows = rows[:limit]
+    # the release table's types (pipeline/release): a bad field (a recorded ranking that
+    # points past the profile) is one error naming the file, line and field
+    check_types(rows, source)
     p = cfg.profile
     pairs = build_pairs(
         rows,
