@@ -461,7 +461,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             total = sum(v["answers"] for v in per_stage.values())
             errors = sum(v["errors"] for v in per_stage.values())
     print(f"run: {rd.shown}")
-    earlier = _earlier_backends(rd)
+    earlier, current = _earlier_backends(rd)
     damaged = False
     for name in ORDER:
         sd = rd.stage(name)
@@ -496,7 +496,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         t = ledger["total"]
         money = f", ${t['usd']:,.2f} at run.prices" if t["usd"] is not None else ""
         if earlier:  # each backend's spending apart: one total would add two backends
-            for label, names in _spend_groups(ledger, earlier):
+            for label, names in _spend_groups(ledger, earlier, current):
                 print(f"  spent {label}: {_spend_line(ledger, names)}")
         else:
             print(
@@ -511,10 +511,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
-def _earlier_backends(rd: RunDir) -> dict[str, tuple[str, str]]:
+def _earlier_backends(rd: RunDir) -> tuple[dict[str, tuple[str, str]], str]:
     """Stages whose answers came from another backend than the run's latest (the backend
-    of the LLM stage started last), as stage -> (backend id, description); a stage without
-    a backend of its own (pairs) goes with the stage before it."""
+    of the LLM stage started last), as stage -> (backend id, description), and the latest
+    backend's description; a stage without a backend of its own (pairs) goes with the
+    stage before it. Empty when every stage had one backend."""
     from pipeline.backends.identity import describe, identity_id
     from pipeline.errors import PipelineError
     from pipeline.stages import ORDER
@@ -529,8 +530,8 @@ def _earlier_backends(rd: RunDir) -> dict[str, tuple[str, str]]:
         if isinstance(ident, dict) and meta is not None:
             served[name] = (meta.started or 0.0, identity_id(ident), describe(ident))
     if len({sid for _, sid, _ in served.values()}) < 2:
-        return {}
-    current = max(served.values())[1]
+        return {}, ""
+    _, current, current_text = max(served.values())
     out: dict[str, tuple[str, str]] = {}
     last: tuple[str, str] | None = None
     for name in ORDER:
@@ -541,13 +542,15 @@ def _earlier_backends(rd: RunDir) -> dict[str, tuple[str, str]]:
             continue
         if last is not None and last[0] != current:
             out[name] = last
-    return out
+    return out, current_text
 
 
-def _spend_groups(ledger: dict, earlier: dict[str, tuple[str, str]]) -> list[tuple[str, list[str]]]:
+def _spend_groups(
+    ledger: dict, earlier: dict[str, tuple[str, str]], current: str
+) -> list[tuple[str, list[str]]]:
     """(label, ledger stages) for the current backend, then each earlier one."""
     stages = list(ledger.get("stages", {}))
-    groups = [("by the current backend", [n for n in stages if n not in earlier])]
+    groups = [(f"by the current backend, {current}", [n for n in stages if n not in earlier])]
     for sid, text in dict.fromkeys(earlier.values()):
         groups.append(
             (f"earlier by {text}", [n for n in stages if earlier.get(n, ("",))[0] == sid])

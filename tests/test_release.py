@@ -308,7 +308,8 @@ def test_status_shows_each_backends_stages_and_spending_apart(base_run, tmp_path
     assert lines["judge"].endswith(f"[earlier backend: {rule_based}]")
     assert lines["pairs"].endswith(f"[earlier backend: {rule_based}]")
     spent = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("spent")]
-    assert spent[0].startswith("spent by the current backend: 60 answers")
+    filler = "the project's stand-in server (filler answers, not a model)"
+    assert spent[0].startswith(f"spent by the current backend, {filler}: 60 answers")
     assert spent[0].endswith("(responses)")
     assert spent[1].startswith(f"spent earlier by {rule_based}: 384 answers")
     assert spent[1].endswith("(judge)")
