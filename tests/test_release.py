@@ -321,3 +321,20 @@ def test_status_shows_each_backends_stages_and_spending_apart(base_run, tmp_path
     line = _one_line_refusal(capsys, ["audit", str(run)])
     assert "is stale" in line and "now answered by the project's stand-in server (filler" in line
     assert disk_state(tmp_path) == before
+
+
+def test_recorded_rules_that_cannot_be_used_are_one_line(base_run, tmp_path, capsys):
+    run = tmp_path / "t"
+    shutil.copytree(base_run, run)
+    publish(None, run)
+    copy = tmp_path / "downloaded"
+    shutil.copytree(run / "publish", copy)
+    summary = json.loads((copy / "release.json").read_text())
+    assert summary["provenance"]["rules"]["word_cap"] == 100
+    summary["provenance"]["rules"]["pairs"]["refusal_patterns"] = ["(unclosed"]
+    (copy / "release.json").write_text(json.dumps(summary))
+    before = disk_state(tmp_path)
+    line = _one_line_refusal(capsys, ["audit", str(copy)])
+    assert line.startswith(f"error: {copy / 'release.json'}: 'provenance.rules.pairs.")
+    assert "refusal_patterns" in line and "not a valid regular expression" in line
+    assert disk_state(tmp_path) == before

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -486,13 +486,3 @@ def check_row(row: Mapping[str, Any]) -> None:
                 raise RecordProblem(
                     f"profile_view.order[{k}]", f"an index into profile (0-{n - 1})", i
                 )
-
-
-def check_rows(rows: Sequence[Mapping[str, Any]]) -> tuple[int, RecordProblem] | None:
-    """The first row (its index) with a problem and the problem; None when all pass."""
-    for i, r in enumerate(rows):
-        try:
-            check_row(r)
-        except RecordProblem as exc:
-            return i, exc
-    return None

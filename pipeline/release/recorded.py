@@ -83,12 +83,16 @@ def built_from(rd: RunDir) -> dict[str, Any]:
 
 def recorded_rules(summary: Mapping[str, Any], path: Path) -> tuple[Any, int] | None:
     """The rules a release's pairs were filtered with, as a :class:`pipeline.rules.Rules`
-    and the word cap; None for a release written before it recorded them."""
-    from types import SimpleNamespace
+    and the word cap; None for a release written before it recorded them. The recorded
+    settings are validated as the config's ``pairs`` section is (keys a newer version
+    added are left out); a wrong one is one InputError naming release.json."""
+    from pydantic import ValidationError
 
+    from pipeline.config import PairsSection
     from pipeline.rules import Rules
 
-    rules = (summary.get("provenance") or {}).get("rules")
+    prov = summary.get("provenance")
+    rules = prov.get("rules") if isinstance(prov, Mapping) else None
     if rules is None:
         return None
     where = Path(path) / RELEASE_SUMMARY
@@ -98,8 +102,18 @@ def recorded_rules(summary: Mapping[str, Any], path: Path) -> tuple[Any, int] | 
             "'provenance.rules' must be an object {pairs, word_cap}; publish the release again",
             path=where,
         )
+    known = {k: v for k, v in pairs.items() if k in PairsSection.model_fields}
     try:
-        return Rules.from_config(SimpleNamespace(**pairs), cap), cap
+        section = PairsSection.model_validate(known)
+        return Rules.from_config(section, cap), cap
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(str(p) for p in first["loc"])
+        raise InputError(
+            f"'provenance.rules.pairs.{name}': {first['msg']}; publish the release again "
+            "(or pass --config)",
+            path=where,
+        ) from None
     except (PipelineError, TypeError, ValueError) as exc:
         raise InputError(
             f"'provenance.rules' cannot be used ({exc}); publish the release again", path=where
