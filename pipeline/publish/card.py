@@ -5,7 +5,6 @@ from a template shipped inside the package with the figures ``release.json`` als
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from importlib import resources
@@ -14,6 +13,7 @@ from typing import Any
 
 from pipeline.fields import show
 from pipeline.io import file_digest
+from pipeline.release.columns import json_text
 
 # The name of each config's one data file (a test split, as the reference's).
 DATA_FILE = "test-00000-of-00001.parquet"
@@ -27,10 +27,6 @@ REFERENCE_SUBSETS = (
 )
 # The card's prose: a template file inside the package (shipped in the wheel).
 CARD_TEMPLATE = "templates/dataset_card.md.j2"
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False)
 
 
 def _size_category(n: int) -> str:
@@ -116,7 +112,7 @@ def render_card(summary: dict[str, Any]) -> str:
         fmt=show,
         cell=_cell,
         code=_code,
-        json=_json,
+        json=json_text,
     )
 
 
@@ -145,7 +141,7 @@ def _filter_rows(settings: Any, rules: Any = None) -> list[tuple[str, str]]:
         elif isinstance(value, list):
             shown = ", ".join(_code(str(v)) for v in value) or "none"
         elif isinstance(value, dict):
-            shown = _code(_json(value))
+            shown = _code(json_text(value))
         elif isinstance(value, float):
             shown = f"{value:g}"
         else:
@@ -166,6 +162,10 @@ def _version_rows(run: Any, publish: Any) -> list[tuple[str, Any, Any]]:
     run, publish = canon(run), canon(publish)
     names = list(run) + [k for k in publish if k not in run]
     return [
-        (k, _json(run[k]) if isinstance(run.get(k), dict | list) else run.get(k), publish.get(k))
+        (
+            k,
+            json_text(run[k]) if isinstance(run.get(k), dict | list) else run.get(k),
+            publish.get(k),
+        )
         for k in names
     ]

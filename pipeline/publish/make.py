@@ -21,7 +21,7 @@ from pipeline.publish import folder, targets
 from pipeline.publish.card import DATA_FILE, config_name, data_file_digests, render_card
 from pipeline.publish.select import check_policy, select_pairs
 from pipeline.publish.summary import release_summary
-from pipeline.release.columns import build_row, features
+from pipeline.release.columns import build_row, features, json_text
 from pipeline.release.recorded import check_current
 from pipeline.run import RunDir
 from pipeline.run.layout import RELEASE_ALL, RELEASE_SUMMARY
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
     from pipeline.config import Config
 
 DEFAULT_LICENSE = "cc-by-4.0"
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False)
 
 
 # ---- secrets --------------------------------------------------------------------------
@@ -121,7 +117,7 @@ def publish(
 
     secrets = _secret_values(config)
     for r in rows:
-        _check_no_secrets(secrets, f"pair {r['pair_id']}", _json(r).encode())
+        _check_no_secrets(secrets, f"pair {r['pair_id']}", json_text(r).encode())
 
     summary = release_summary(rd, config, policy, license, selected, rows, by_config,
                               excluded, agreement)  # fmt: skip

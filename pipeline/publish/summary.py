@@ -4,22 +4,17 @@ rules its pairs were filtered with, the profile ranking; :mod:`pipeline.release.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.backends.identity import describe
-from pipeline.release.columns import sampling_of, templates_of
+from pipeline.release.columns import json_text, sampling_of, templates_of
 from pipeline.release.recorded import built_from
 from pipeline.run import RunDir
 
 if TYPE_CHECKING:
     from pipeline.config import Config
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False)
 
 
 def release_summary(
@@ -112,7 +107,7 @@ def _templates(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _distinct(values: list[Any]) -> list[Any]:
     """Distinct values in a stable order (by their JSON text)."""
-    seen = {_json(v): v for v in values}
+    seen = {json_text(v): v for v in values}
     return [seen[k] for k in sorted(seen)]
 
 

@@ -212,7 +212,8 @@ class _Unchecked(Kind):
 # ---- what a row is built from -------------------------------------------------------------
 
 
-def _json(obj: Any) -> str:
+def json_text(obj: Any) -> str:
+    """A value as the release's JSON columns and figures write it: sorted keys, UTF-8."""
     return json.dumps(obj, sort_keys=True, ensure_ascii=False)
 
 
@@ -387,12 +388,12 @@ COLUMNS: tuple[Column, ...] = (
          '"length": cut at max_tokens'),
     _col("generator_model", _unchecked(_S), "provenance", lambda r, v: generator_model(r)),
     _col("judge_model", _unchecked(_S), "provenance", lambda r, v: credited(_judge_prov(r))),
-    _col("sampling", _unchecked(_S), "provenance", lambda r, v: _json(sampling_of(r)),
+    _col("sampling", _unchecked(_S), "provenance", lambda r, v: json_text(sampling_of(r)),
          "JSON: generator sampling per side, judge sampling and seed"),
     _col("seeds", _unchecked(Struct(tuple((s, _I64) for s in SIDES), "an object")),
          "provenance",
          lambda r, v: {s: (_generator(r).get(s) or {}).get("seed") for s in SIDES}),
-    _col("template_hashes", _unchecked(_S), "provenance", lambda r, v: _json(templates_of(r)),
+    _col("template_hashes", _unchecked(_S), "provenance", lambda r, v: json_text(templates_of(r)),
          "JSON: template name, version and sha256 per side and judge"),
     _col("margin", _unchecked(_F64), "provenance", _record("margin")),
     _col("similarity", _unchecked(_F64), "provenance", _record("similarity")),
