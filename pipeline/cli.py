@@ -195,14 +195,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--word-cap",
         type=int,
         metavar="N",
-        help="the stated word cap the over_cap check uses (default: the run's "
-        "responses.word_cap, else 100), plus pairs.length_slack",
+        help="the stated word cap the over_cap check uses (default: the cap a release "
+        "records, else the run's responses.word_cap, else 100), plus pairs.length_slack",
     )
     p.add_argument(
         "--config",
         type=Path,
         help="a run config whose pairs section (patterns, thresholds) the checks use "
-        "(default: the run's run.yaml, else the defaults)",
+        "(default: the rules a release records, else the run's run.yaml, else the defaults)",
+    )
+    p.add_argument(
+        "--stale-ok",
+        action="store_true",
+        help="audit a run's release (or pair stage) even when the run has moved on since it "
+        "was built (a stage re-done or being re-done); refused without it",
     )
 
     p = sub.add_parser("cache", help="look after a run's request cache (cache.sqlite)")
@@ -507,6 +513,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             total = sum(v["answers"] for v in per_stage.values())
             errors = sum(v["errors"] for v in per_stage.values())
     print(f"run: {rd.shown}")
+    earlier, current = _earlier_backends(rd)
     damaged = False
     for name in ORDER:
         sd = rd.stage(name)
@@ -532,22 +539,88 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "retried on the next run)"
                 )
             state += f"; {extra}"
+        if name in earlier:
+            state += f" [earlier backend: {earlier[name][1]}]"
         print(f"  {name:12s} {state}")
         if name in ledger.get("stages", {}):
             print(f"  {'':12s} {_ledger_line(ledger['stages'][name])}")
     if ledger:
         t = ledger["total"]
         money = f", ${t['usd']:,.2f} at run.prices" if t["usd"] is not None else ""
-        print(
-            f"  spent: {t['answers']:,} answers ({t['reasks']:,} re-asks), "
-            f"{t['prompt_tokens']:,} prompt + {t['completion_tokens']:,} output tokens{money}"
-        )
+        if earlier:  # each backend's spending apart: one total would add two backends
+            for label, names in _spend_groups(ledger, earlier, current):
+                print(f"  spent {label}: {_spend_line(ledger, names)}")
+        else:
+            print(
+                f"  spent: {t['answers']:,} answers ({t['reasks']:,} re-asks), "
+                f"{t['prompt_tokens']:,} prompt + {t['completion_tokens']:,} output tokens{money}"
+            )
     if rd.cache_path.exists():
         size = rd.cache_path.stat().st_size / 1e6
         print(
             f"  cache: {total} answers, {errors} failures recorded ({rd.cache_path}, {size:.1f} MB)"
         )
     return 1 if damaged else 0
+
+
+def _earlier_backends(rd: RunDir) -> tuple[dict[str, tuple[str, str]], str]:
+    """Stages whose answers came from another backend than the run's latest (the backend
+    of the LLM stage started last), as stage -> (backend id, description), and the latest
+    backend's description; a stage without a backend of its own (pairs) goes with the
+    stage before it. Empty when every stage had one backend."""
+    from pipeline.backends.identity import describe, identity_id
+    from pipeline.errors import PipelineError
+    from pipeline.stages import ORDER
+
+    served: dict[str, tuple[float, str, str]] = {}
+    for name in ORDER:
+        try:
+            meta = rd.stage(name).meta
+        except PipelineError:
+            continue
+        ident = (meta.environment or {}).get("served_by") if meta is not None else None
+        if isinstance(ident, dict) and meta is not None:
+            served[name] = (meta.started or 0.0, identity_id(ident), describe(ident))
+    if len({sid for _, sid, _ in served.values()}) < 2:
+        return {}, ""
+    _, current, current_text = max(served.values())
+    out: dict[str, tuple[str, str]] = {}
+    last: tuple[str, str] | None = None
+    for name in ORDER:
+        if name in served:
+            _, sid, text = served[name]
+            last = (sid, text)
+        elif last is None or not rd.stage(name).path.exists():
+            continue
+        if last is not None and last[0] != current:
+            out[name] = last
+    return out, current_text
+
+
+def _spend_groups(
+    ledger: dict, earlier: dict[str, tuple[str, str]], current: str
+) -> list[tuple[str, list[str]]]:
+    """(label, ledger stages) for the current backend, then each earlier one."""
+    stages = list(ledger.get("stages", {}))
+    groups = [(f"by the current backend, {current}", [n for n in stages if n not in earlier])]
+    for sid, text in dict.fromkeys(earlier.values()):
+        groups.append(
+            (f"earlier by {text}", [n for n in stages if earlier.get(n, ("",))[0] == sid])
+        )
+    return [(label, names) for label, names in groups if names]
+
+
+def _spend_line(ledger: dict, names: list[str]) -> str:
+    entries = [ledger["stages"][n] for n in names]
+    total = {k: sum(e[k] for e in entries) for k in ("answers", "reasks", "prompt_tokens",
+                                                     "completion_tokens")}  # fmt: skip
+    usd = [e["usd"] for e in entries if e.get("usd") is not None]
+    money = f", ${sum(usd):,.2f} at run.prices" if usd else ""
+    return (
+        f"{total['answers']:,} answers ({total['reasks']:,} re-asks), "
+        f"{total['prompt_tokens']:,} prompt + {total['completion_tokens']:,} output tokens"
+        f"{money} ({', '.join(names)})"
+    )
 
 
 def _ledger_line(entry: dict) -> str:
@@ -685,7 +758,12 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     fail_on = parse_fail_on(args.fail_on)  # a typo fails before the work, not after
     res = audit(
-        args.path, args.out, compare=args.compare, config=args.config, word_cap=args.word_cap
+        args.path,
+        args.out,
+        compare=args.compare,
+        config=args.config,
+        word_cap=args.word_cap,
+        stale_ok=args.stale_ok,
     )
     probe, length = res["shortcut_probe"], res["length"]
     verdict = res["verdict"]  # the decision the report's headline and --fail-on read

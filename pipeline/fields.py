@@ -1,4 +1,4 @@
-"""One definition of the row fields, judge dimensions and the word-count rule.
+"""One definition of the judge dimensions, the shared row fields and the word-count rule.
 
 The pair filters, the audit's checks, the published figures and the response stage all
 count words and name judge dimensions through this module, so a length the audit reports
@@ -26,33 +26,9 @@ PREFERENCES: tuple[str, ...] = ("chosen", "rejected", "tie")
 WORD_RE = re.compile(r"[\w']+")
 
 # ---- row fields -------------------------------------------------------------------------
+# The release's columns (their names, types, groups and checks) are one table in
+# pipeline/release/columns.py; here only what rows of every kind share.
 
-# The reference release's eight columns (Personalized RewardBench), in its order.
-REFERENCE_COLUMNS: tuple[str, ...] = (
-    "id",
-    "question",
-    "profile",
-    "rubric_aspects",
-    "narrative",
-    "category",
-    "chosen",
-    "rejected",
-)
-# What any pairs file must have for the audit to read it.
-TEXT_COLUMNS: tuple[str, ...] = ("question", "chosen", "rejected")
-# Columns that describe the user's hidden expectations: never a reward model's input.
-PRIVILEGED_COLUMNS: tuple[str, ...] = ("rubric_aspects", "narrative")
-# Sub-fields of the list columns.
-PROFILE_FIELDS: tuple[str, ...] = ("id", "category", "text")
-ASPECT_FIELDS: tuple[str, ...] = ("aspect", "evidence", "reason")
-# Judge columns of our release (one value per pair); the audit's judge checks read these.
-QUALITY_COLUMNS: tuple[str, ...] = ("quality_chosen", "quality_rejected")
-COVERAGE_COLUMNS: tuple[str, ...] = (
-    "coverage_chosen_mean",
-    "coverage_rejected_mean",
-    "coverage_rejected_violated_mean",
-)
-PAIRWISE_COLUMNS: tuple[str, ...] = ("pairwise_aware", "pairwise_blind")
 # Ids, most specific first: the reference's `id` (the source example), then ours.
 ID_COLUMNS: tuple[str, ...] = ("id", "pair_id", "example_id")
 SIDES: tuple[str, ...] = ("chosen", "rejected")

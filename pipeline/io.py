@@ -70,6 +70,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# the public name, for writers outside this module (a release folder's rename)
+fsync_dir = _fsync_dir
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary file beside ``path``; on success fsync and rename it over ``path``."""

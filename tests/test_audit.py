@@ -14,7 +14,8 @@ import pytest
 from pipeline.audit import PROBE_FLAG_AUC, audit, load_pairs
 from pipeline.cli import main
 from pipeline.errors import InputError
-from pipeline.publish import DATA_FILE, release_features
+from pipeline.publish import DATA_FILE
+from pipeline.release import features as release_features
 
 VOCAB = (
     "garden budget commute recipe training weekend museum novel guitar budget family city "

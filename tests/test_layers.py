@@ -25,6 +25,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         ["pipeline.chat", "pipeline.records", "pipeline.rules", "pipeline.schemas",
          "pipeline.prompts", "pipeline.profile", "pipeline.dedup", "pipeline.filters",
          "pipeline.inputs",
+         # the release row's table; its `recorded` module reads runs (a command)
+         "pipeline.release",
          # the two registries: names only, their modules load when chosen
          "=pipeline.backends", "=pipeline.stages",
          # what a backend is (its interface and settings, GGUF headers): no engine
@@ -38,6 +40,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "commands",
         ["pipeline.publish", "pipeline.annotate", "pipeline.audit", "pipeline.eval",
+         "pipeline.release.recorded",
          "pipeline.quickstart", "pipeline.plan"],
     ),
     ("interface", ["pipeline.cli", "pipeline.errorline"]),

@@ -306,7 +306,7 @@ def test_secret_in_the_data_stops_the_publish(run, tmp_path, monkeypatch):
 
 
 def test_failure_midway_keeps_the_previous_release(run, tmp_path, monkeypatch):
-    import pipeline.publish as pub
+    import pipeline.publish.make as pub  # the module that renders the card mid-publish
 
     out = tmp_path / "rel"
     publish(None, run, out_dir=out)

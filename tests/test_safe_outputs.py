@@ -98,6 +98,82 @@ def test_an_earlier_release_is_replaced_only_with_force(run, tmp_path, capsys):
     assert marker["written_by"] == "prb publish"
 
 
+def _user_files(out: Path) -> None:
+    """What a person adds to a release folder after publishing: a notebook, a folder of
+    figures (one of them in a subfolder), an empty folder, and a note in a config folder."""
+    (out / "analysis.ipynb").write_text('{"cells": []}')
+    (out / "figs" / "png").mkdir(parents=True)
+    (out / "figs" / "lengths.svg").write_text("<svg/>")
+    (out / "figs" / "png" / "a.png").write_bytes(b"\x89PNG....")
+    (out / "drafts").mkdir()
+    (out / "all" / "NOTES.md").write_text("checked by hand")
+
+
+USER_FILES = ("analysis.ipynb", "figs", "figs/lengths.svg", "figs/png", "figs/png/a.png",
+              "drafts", "all/NOTES.md")  # fmt: skip
+
+
+def _release_files(out: Path) -> dict[str, tuple[int, str]]:
+    return {k: v for k, v in listing(out).items() if k not in USER_FILES}
+
+
+@pytest.mark.parametrize("default", [False, True], ids=["out-force", "run-release"])
+def test_replacing_a_release_keeps_what_the_user_added(run, tmp_path, capsys, default):
+    out = run / "publish" if default else tmp_path / "release"
+    argv = ["publish", str(run)] + ([] if default else ["--out", str(out)])
+    assert main(argv) == 0
+    first = _release_files(out)
+    marker = json.loads((out / ".prb-release").read_text())
+    assert set(marker["files"]) == {k for k, v in first.items() if v[0] >= 0} - {".prb-release"}
+    _user_files(out)
+    theirs = {k: v for k, v in listing(out).items() if k in USER_FILES}
+    assert len(theirs) == len(USER_FILES)
+
+    # another policy's release: every file of ours replaced, every file of theirs kept
+    assert main([*argv, "--license", "mit"] + ([] if default else ["--force"])) == 0
+    after = listing(out)
+    assert {k: v for k, v in after.items() if k in USER_FILES} == theirs
+    second = _release_files(out)
+    assert set(second) == set(first)  # the same files, none added or lost
+    changed = {k for k in first if first[k] != second[k]}
+    assert {"README.md", "release.json", ".prb-release"} <= changed  # the new release's
+    assert "license: mit" in (out / "README.md").read_text()
+    marker = json.loads((out / ".prb-release").read_text())
+    assert not set(marker["files"]) & set(USER_FILES)  # theirs never become ours
+    leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+    assert leftovers == []  # no temporary or old release folder beside it
+
+
+def test_a_stranger_that_would_make_the_release_wrong_is_refused(run, tmp_path, capsys):
+    out = tmp_path / "release"
+    assert main(["publish", str(run), "--out", str(out)]) == 0
+    capsys.readouterr()
+    # a parquet file in a config folder would be read as part of that config
+    (out / "all" / "extra.parquet").write_bytes(b"PAR1")
+    before = listing(tmp_path)
+    line = _refused(capsys, ["publish", str(run), "--out", str(out), "--force"], "--out")
+    assert "all/extra.parquet" in line and "config 'all'" in line
+    assert listing(tmp_path) == before
+    (out / "all" / "extra.parquet").unlink()
+    # a release file edited by hand: replacing it would lose the edit
+    readme = out / "README.md"
+    readme.write_text(readme.read_text() + "\nMy notes.\n")
+    before = listing(tmp_path)
+    line = _refused(capsys, ["publish", str(run), "--out", str(out), "--force"], "README.md")
+    assert "changed since" in line
+    assert listing(tmp_path) == before
+
+
+def test_out_through_a_link_into_the_run_is_refused(run, tmp_path, capsys):
+    link = tmp_path / "shortcut"
+    link.symlink_to(run, target_is_directory=True)
+    before = listing(tmp_path)
+    line = _refused(capsys, ["publish", str(run), "--out", str(link / "rel")], "--out")
+    assert f"is inside the run directory {run.resolve()}" in line
+    assert f"it leads to {(run / 'rel').resolve()}" in line
+    assert listing(tmp_path) == before and not (run / "rel").exists()
+
+
 def test_an_empty_folder_is_used_as_it_is(run, tmp_path):
     out = tmp_path / "empty"
     out.mkdir()

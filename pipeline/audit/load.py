@@ -10,33 +10,16 @@ the CLI prints one line and no traceback.
 from __future__ import annotations
 
 import json
-import re
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.fields import (
-    ASPECT_FIELDS,
-    COVERAGE_MAX,
-    COVERAGE_MIN,
-    DIMENSIONS,
-    ORDERS,
-    PREFERENCES,
-    PROFILE_FIELDS,
-    QUALITY_MAX,
-    QUALITY_MIN,
-    SIDES,
-    TEXT_COLUMNS,
-    is_number,
-)
-from pipeline.records import type_name as _type_name
-from pipeline.run import RunDir
+from pipeline.records import RecordProblem
+from pipeline.release.columns import REQUIRED_COLUMNS, build_row, check_row
+from pipeline.run import RunDir, run_of
 from pipeline.run.layout import RELEASE_ALL
-
-REQUIRED_COLUMNS = TEXT_COLUMNS
-# Lone surrogates survive json.loads but cannot be written as UTF-8 (or hashed).
-_SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
 
 
 class Where:
@@ -166,9 +149,20 @@ def _from_parquet(path: Path, where: Where) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for f in files:
         try:
+            names = pq.read_schema(f).names
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise InputError(
+                    f"the column name '{repeated[0]}' appears {names.count(repeated[0])} "
+                    "times; a pairs file needs each column once (rename or drop the copies)",
+                    path=f,
+                    field=repeated[0],
+                )
             table = pq.read_table(f)
         except (pa.ArrowException, OSError) as exc:
-            raise InputError(f"not a readable parquet file: {exc}", path=f) from None
+            # pyarrow's message can run over many lines (a schema dump): its first says why
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise InputError(f"not a readable parquet file: {first}", path=f) from None
         rows.extend(_from_table(f, table, where))
     return rows
 
@@ -195,11 +189,9 @@ def _from_disk(path: Path, where: Where) -> list[dict[str, Any]]:
 
 
 def _from_run(rd: RunDir, where: Where) -> tuple[list[dict[str, Any]], str]:
-    """A run without a release: its pair stage's kept pairs as release rows (the columns
-    ``prb publish`` writes, through its own ``build_row``), read through the run's verified
+    """A run without a release: its pair stage's kept pairs as release rows (the release
+    table's row builder, :mod:`pipeline.release`), read through the run's verified
     accessor (a damaged or unfinished stage is refused)."""
-    from pipeline.publish import build_row
-
     rows = []
     for path, line, rec in rd.numbered_pair_records():
         where.add(path, line, by_line=True)
@@ -211,12 +203,34 @@ def _from_run(rd: RunDir, where: Where) -> tuple[list[dict[str, Any]], str]:
     return rows, note
 
 
-def load_pairs(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _recorded(summary: dict[str, Any] | None, folder: Path) -> dict[str, Any]:
+    """What a release records for its readers: the rules its pairs were filtered with and
+    the profile selection (``recorded`` in the source description)."""
+    if summary is None:
+        return {}
+    prov = summary.get("provenance")
+    prov = prov if isinstance(prov, dict) else {}
+    return {"summary": summary, "folder": str(folder), "profile": prov.get("profile")}
+
+
+def load_pairs(
+    path: str | Path, *, stale_ok: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows of a pairs source and a description of where they came from.
 
     The description has ``path``, ``format`` and, when the source needed explaining,
-    ``note``; its private ``_where`` (a :class:`Where`) locates each row for errors.
+    ``note``; a release's private ``_recorded`` (its release.json, see
+    :mod:`pipeline.release.recorded`); its private ``_where`` (a :class:`Where`) locates
+    each row for errors. A release inside its run, or a run's pair stage, that the run no
+    longer supports (a stage re-done or being re-done since) is refused with one line,
+    unless ``stale_ok`` (then the note says so).
     """
+    from pipeline.release.recorded import check_current, summary_of
+
     path = Path(path)
     if not path.exists():
         raise InputError("no such file or folder", path=path)
@@ -228,18 +242,29 @@ def load_pairs(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     where = Where()
 
     def described(rows: list[dict[str, Any]], p: Path, fmt: str, **extra: Any):
+        extra = {k: v for k, v in extra.items() if v}
         return rows, {"path": str(p), "format": fmt, **extra, "_where": where}
 
     if path.is_dir():
         rd = RunDir(path)
+        run = run_of(path)  # the run this folder is, or whose release it is
         if rd.is_run():
             if rd.has_release():  # a run directory with a release
                 path = rd.release_dir
             else:  # a run, unpublished
-                rows, note = _from_run(rd, where)
-                return described(rows, path, "pairs_stage", note=note)
+                note = check_current(path, rd, None, stale_ok=stale_ok)
+                rows, about = _from_run(rd, where)
+                return described(rows, path, "pairs_stage", note=note or about)
         if (path / RELEASE_ALL).is_dir():
-            return described(_from_parquet(path / RELEASE_ALL, where), path, "release")
+            summary = summary_of(path)
+            inside = run is not None and _real(run.release_dir) == _real(path)
+            note = (
+                check_current(path, run, summary or {}, stale_ok=stale_ok)
+                if inside and run is not None
+                else None
+            )
+            rows = _from_parquet(path / RELEASE_ALL, where)
+            return described(rows, path, "release", note=note, _recorded=_recorded(summary, path))
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             return described(_from_disk(path, where), path, "save_to_disk")
         if any(path.glob("*.parquet")):
@@ -265,86 +290,14 @@ def load_pairs(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 
 def check_types(rows: list[dict[str, Any]], source: Mapping[str, Any]) -> None:
-    """Every field the audit reads has the type the reference schema (or our release)
-    gives it; the first that does not is an InputError naming its file, line and field."""
+    """Every checked column of the release table (:mod:`pipeline.release`) has its type in
+    every row; the first field that has not is an InputError naming its file, line (or
+    row) and field."""
     where: Where = source.get("_where") or Where()
-
-    def err(i: int, field: str, expected: str, value: Any) -> InputError:
-        if where._file_of:
-            return where.error(i, f"'{field}' must be {expected}, got {_type_name(value)}", field)
-        return InputError(
-            f"row {i}: '{field}' must be {expected}, got {_type_name(value)}",
-            path=source.get("path"),
-            field=field,
-        )
-
-    def text(i: int, field: str, v: Any, optional: bool) -> None:
-        if v is None and optional:
-            return
-        if not isinstance(v, str):
-            raise err(i, field, "a string" + (" or null" if optional else ""), v)
-        m = None if v.isascii() else _SURROGATE_RE.search(v)  # isascii: one C pass
-        if m:
-            raise err(i, field, "valid Unicode text", f"a lone surrogate \\u{ord(m.group()):04x}")
-
     for i, r in enumerate(rows):
-        for col in TEXT_COLUMNS:
-            text(i, col, r.get(col), optional=False)
-        for col in ("narrative", "human_verdict"):
-            text(i, col, r.get(col), optional=True)
-        fr = r.get("finish_reasons")
-        if fr is not None:
-            if not isinstance(fr, dict):
-                raise err(i, "finish_reasons", "an object {chosen, rejected} or null", fr)
-            for side in SIDES:
-                text(i, f"finish_reasons.{side}", fr.get(side), optional=True)
-        for col in ("id", "category", "user_id", "pair_id", "example_id"):
-            v = r.get(col)
-            if isinstance(v, int) and not isinstance(v, bool) and col != "category":
-                continue  # numeric ids are ids too
-            text(i, col, v, optional=True)
-        for col, subfields in (("profile", PROFILE_FIELDS), ("rubric_aspects", ASPECT_FIELDS)):
-            v = r.get(col)
-            if v is None:
-                continue
-            if not isinstance(v, list):
-                raise err(i, col, "a list of objects or null", v)
-            for k, item in enumerate(v):
-                if not isinstance(item, dict):
-                    raise err(i, f"{col}[{k}]", "an object", item)
-                for sub in subfields:
-                    sv = item.get(sub)
-                    if sub == "id" and isinstance(sv, int) and not isinstance(sv, bool):
-                        continue
-                    text(i, f"{col}[{k}].{sub}", sv, optional=True)
-        for col in ("quality_chosen", "quality_rejected"):
-            q = r.get(col)
-            if q is None:
-                continue
-            if not isinstance(q, dict):
-                raise err(i, col, "an object of scores (correctness, relevance, helpfulness)", q)
-            for d in DIMENSIONS:
-                v = q.get(d)
-                if v is not None and (not is_number(v) or not QUALITY_MIN <= v <= QUALITY_MAX):
-                    raise err(i, f"{col}.{d}", f"a score {QUALITY_MIN}-{QUALITY_MAX} or null", v)
-        for col in (
-            "coverage_chosen_mean",
-            "coverage_rejected_mean",
-            "coverage_rejected_violated_mean",
-        ):
-            v = r.get(col)
-            if v is not None and (not is_number(v) or not COVERAGE_MIN <= v <= COVERAGE_MAX):
-                raise err(i, col, f"a number {COVERAGE_MIN}-{COVERAGE_MAX} or null", v)
-        for col in ("pairwise_aware", "pairwise_blind"):
-            v = r.get(col)
-            if v is None:
-                continue
-            if not isinstance(v, dict):
-                raise err(i, col, "an object {AB, BA}", v)
-            for o in ORDERS:
-                p = v.get(o)
-                if p is not None and p not in PREFERENCES:
-                    raise err(i, f"{col}.{o}", " / ".join(PREFERENCES) + " or null", p)
-        v = r.get("human_agreement")
-        if v is not None and (not is_number(v) or not 0 <= v <= 1):
-            raise err(i, "human_agreement", "a share 0-1 or null", v)
+        try:
+            check_row(r)
+        except RecordProblem as exc:
+            if where.files:
+                raise where.error(i, str(exc), exc.field) from None
+            raise InputError(f"row {i}: {exc}", path=source.get("path"), field=exc.field) from None

@@ -15,6 +15,7 @@ from pipeline.audit.report import flags_jsonl, render_html, write_files
 from pipeline.errors import InputError, PipelineError
 from pipeline.rules import Rules
 from pipeline.run import RunDir, run_of
+from pipeline.run.layout import RELEASE_SUMMARY
 
 GATE_ANY = "any"
 # The exit code of `prb audit --fail-on` when the gate fails (1 is an error, 2 a usage error).
@@ -71,16 +72,25 @@ def resolve_rules(
     path: Path, source: dict[str, Any], config: Any = None, word_cap: int | None = None
 ) -> tuple[Rules, str]:
     """The rules' thresholds and patterns, and where they came from: ``config`` (a Config
-    or a YAML path), else the run's own run.yaml, else the config defaults; ``word_cap``
-    overrides the cap."""
+    or a YAML path), else the rules a release records (release.json, wherever the release
+    lies), else the run's own run.yaml, else the config defaults; ``word_cap`` overrides the
+    cap."""
     from pipeline.config import Config, load_config
+    from pipeline.release.recorded import recorded_rules
 
     origin = "the config defaults"
     cfg = None
+    rules: Rules | None = None
+    recorded = source.get("_recorded") or {}
     if isinstance(config, Config):
         cfg, origin = config, "the given config"
     elif config is not None:
         cfg, origin = load_config(Path(config)), str(config)
+    elif recorded.get("summary") is not None and (
+        got := recorded_rules(recorded["summary"], Path(recorded["folder"]))
+    ):
+        rules = got[0]
+        origin = f"the rules recorded in {Path(recorded['folder']) / RELEASE_SUMMARY}"
     else:
         rd = _run_of(path, source)
         if rd is not None and rd.config_path.is_file():
@@ -88,11 +98,12 @@ def resolve_rules(
                 cfg, origin = rd.load_config(), str(rd.config_path)
             except PipelineError:
                 origin = f"the config defaults ({rd.config_path} could not be read)"
-    rules = (
-        Rules.from_config(cfg.pairs, cfg.responses.word_cap)
-        if cfg is not None
-        else Rules.from_config()
-    )
+    if rules is None:
+        rules = (
+            Rules.from_config(cfg.pairs, cfg.responses.word_cap)
+            if cfg is not None
+            else Rules.from_config()
+        )
     if word_cap is not None:
         if word_cap < 1:
             raise InputError(f"must be at least 1, got {word_cap}", field="--word-cap")
@@ -118,14 +129,17 @@ def audit(
     config: Any = None,
     word_cap: int | None = None,
     timings: dict[str, float] | None = None,
+    stale_ok: bool = False,
 ) -> dict[str, Any]:
     """Audit a pairs source; write ``audit.html``, ``audit.json`` and ``flags.jsonl`` under
     ``out_dir`` (default: beside the input, or the run's ``report/``).
 
     ``judge`` is an optional rubric-blind judge for the leakage figure on sets without judge
     columns. ``compare`` audits a second source with the same rules and puts both side by
-    side. ``config`` (a Config or a run config path) and ``word_cap`` set the rules. Returns
-    the figures, plus ``outputs`` with the written paths. Nothing is written on error.
+    side. ``config`` (a Config or a run config path) and ``word_cap`` set the rules (else
+    the rules a release records). A release its run no longer supports is refused unless
+    ``stale_ok``. Returns the figures, plus ``outputs`` with the written paths. Nothing is
+    written on error.
     """
     timings = {} if timings is None else timings
     clock = time.perf_counter()
@@ -137,7 +151,7 @@ def audit(
             path=out,
             field="--out",
         )
-    rows, source = load_pairs(path)
+    rows, source = load_pairs(path, stale_ok=stale_ok)
     timings["load_s"] = round(time.perf_counter() - clock, 3)
     rules, origin = resolve_rules(path, source, config, word_cap)
     figures, flags = analyse(rows, source, judge, rules=rules, timings=timings)
@@ -145,7 +159,7 @@ def audit(
     del rows
     compare_flags: list[dict[str, Any]] = []
     if compare is not None:
-        other_rows, other_source = load_pairs(Path(compare))
+        other_rows, other_source = load_pairs(Path(compare), stale_ok=stale_ok)
         other, compare_flags = analyse(other_rows, other_source, None, rules=rules)
         other["checks"]["rules"]["from"] = origin
         figures["compare"] = other

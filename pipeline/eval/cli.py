@@ -71,9 +71,16 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         type=Path,
-        help="a run config: its backend (judges) and profile selection (default: built-in)",
+        help="a run config: its backend (judges) and profile selection for rows without a "
+        "recorded ranking (default: built-in)",
     )
     add_set_option(p, "backend.name=vllm --set profile.top_k=5")
+    p.add_argument(
+        "--stale-ok",
+        action="store_true",
+        help="evaluate a run's release (or pair stage) even when the run has moved on since "
+        "it was built; refused without it",
+    )
     p.add_argument("--limit", type=int, help="evaluate only the first N pairs")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
@@ -182,9 +189,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         n_boot=args.bootstrap,
         seed=args.seed,
         progress=not args.no_progress,
+        stale_ok=args.stale_ok,
     )
     split = results[0]["split"]
     print(f"evaluated {split['rows']} pairs from {split['path']}")
+    if split.get("note"):
+        print(f"  note: {split['note']}")
     print_table(results)
     for res in results:
         for path in res["outputs"]["results"].values():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
@@ -73,6 +74,17 @@ def _pair_key(row: dict[str, Any], index: int) -> str:
     return f"row-{index}"
 
 
+def _recorded_posts(row: dict[str, Any], profile: list[dict[str, Any]]) -> list[dict] | None:
+    """The posts the run's own ranking put first (a release row's ``profile_view``: indices
+    into ``profile``, most relevant first), with text; None when the row records none."""
+    view = row.get("profile_view")
+    order = view.get("order") if isinstance(view, dict) else None
+    if not isinstance(order, list):
+        return None
+    picked = [profile[i] for i in order if isinstance(i, int) and 0 <= i < len(profile)]
+    return [p for p in picked if isinstance(p.get("text"), str) and p["text"].strip()]
+
+
 def build_pairs(
     rows: Sequence[dict[str, Any]],
     source: str,
@@ -81,8 +93,10 @@ def build_pairs(
     ranker: str = "bm25",
     embedding_model: str = "",
 ) -> list[EvalPair]:
-    """Check the rows and reduce each to an EvalPair, selecting the top-k profile posts
-    exactly as the generation stages do (``pipeline.profile.select_profile``)."""
+    """Check the rows and reduce each to an EvalPair. The profile posts are those the run
+    showed (the row's recorded ``profile_view``) where the row records them; otherwise the
+    top-k are selected exactly as the generation stages do
+    (``pipeline.profile.select_profile``) with the given ranker."""
     from pipeline.profile import select_profile
 
     pairs = []
@@ -98,7 +112,9 @@ def build_pairs(
         profile = _text_list(r.get("profile"), "profile", source, i)
         aspects = _text_list(r.get("rubric_aspects"), "rubric_aspects", source, i)
         posts = [p for p in profile if isinstance(p.get("text"), str) and p["text"].strip()]
-        chosen_posts = select_profile(r["question"], posts, top_k, ranker, embedding_model)
+        chosen_posts = _recorded_posts(r, profile)
+        if chosen_posts is None:
+            chosen_posts = select_profile(r["question"], posts, top_k, ranker, embedding_model)
         key = _pair_key(r, i)
         if key in seen:  # a split with repeated ids still gets one key per row
             key = f"{key}#{i}"
@@ -124,6 +140,61 @@ def build_pairs(
     if not pairs:
         raise InputError("no pairs to evaluate", path=source)
     return pairs
+
+
+def profile_selection(rows: Sequence[dict[str, Any]], cfg: Any) -> dict[str, Any]:
+    """How the split's profile posts were chosen, for the results: the run's recorded
+    ranking where every row carries one (``from`` says so), else the config's ranker."""
+    views = [r.get("profile_view") for r in rows]
+    if views and all(isinstance(v, dict) and isinstance(v.get("order"), list) for v in views):
+        rankers = sorted({str(v.get("ranker")) for v in views if isinstance(v, dict)})
+        top_ks = sorted({v.get("top_k") for v in views if isinstance(v, dict)}, key=str)
+        return {
+            "ranker": rankers[0] if len(rankers) == 1 else rankers,
+            "top_k": top_ks[0] if len(top_ks) == 1 else top_ks,
+            "from": "the split's recorded ranking (profile_view)",
+        }
+    p = cfg.profile
+    out: dict[str, Any] = {"top_k": p.top_k, "ranker": p.ranker}
+    if any(isinstance(v, dict) for v in views):
+        out["from"] = "the config for rows without a recorded ranking; the others use theirs"
+    return out
+
+
+def load_split(
+    path: str | Path, cfg: Any, limit: int | None = None, *, stale_ok: bool = False
+) -> tuple[list[EvalPair], dict[str, Any]]:
+    """The split at ``path`` (a release, a run directory, a pairs file: whatever ``prb
+    audit`` reads, refused the same way when its run has moved on) as EvalPairs, and its
+    description for the results."""
+    from pipeline.audit import load_pairs
+    from pipeline.audit.load import check_types
+
+    path = Path(path)
+    # a run's pairs come as full records (profile and rubric included), like a release's
+    rows, source = load_pairs(path, stale_ok=stale_ok)
+    if limit:
+        rows = rows[:limit]
+    # the release table's types (pipeline/release): a bad field (a recorded ranking that
+    # points past the profile) is one error naming the file, line and field
+    check_types(rows, source)
+    p = cfg.profile
+    pairs = build_pairs(
+        rows,
+        source.get("path", str(path)),
+        top_k=p.top_k,
+        ranker=p.ranker,
+        embedding_model=p.model,  # the chosen ranker's model (contriever's or embedding's)
+    )
+    public = {k: v for k, v in source.items() if not k.startswith("_")}
+    split = {
+        **public,
+        "rows": len(pairs),
+        "fingerprint": fingerprint(pairs),
+        "limit": limit,
+        "profile_selection": profile_selection(rows, cfg),
+    }
+    return pairs, split
 
 
 def context(pair: EvalPair, setting: str) -> dict[str, Any]:

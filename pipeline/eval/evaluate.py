@@ -17,8 +17,7 @@ from pipeline.eval.data import (
     POINTWISE_TEMPLATE,
     SETTINGS,
     EvalPair,
-    build_pairs,
-    fingerprint,
+    load_split,
     usable_settings,
     user_turn,
 )
@@ -203,8 +202,10 @@ def evaluate_one(
         },
         "split": split,
         "profile_selection": {
-            "top_k": cfg.profile.top_k,
-            "ranker": cfg.profile.ranker,
+            **(
+                split.get("profile_selection")
+                or {"top_k": cfg.profile.top_k, "ranker": cfg.profile.ranker}
+            ),
             "pairs_with_profile": sum(p.has_profile for p in pairs),
         },
         "template": template.provenance(),
@@ -220,28 +221,6 @@ def evaluate_one(
     return results
 
 
-def load_split(
-    path: str | Path, cfg: Any, limit: int | None = None
-) -> tuple[list[EvalPair], dict[str, Any]]:
-    from pipeline.audit import load_pairs
-
-    path = Path(path)
-    # a run's pairs come as full records (profile and rubric included), like a release's
-    rows, source = load_pairs(path)
-    if limit:
-        rows = rows[:limit]
-    p = cfg.profile
-    pairs = build_pairs(
-        rows,
-        source.get("path", str(path)),
-        top_k=p.top_k,
-        ranker=p.ranker,
-        embedding_model=p.model,  # the chosen ranker's model (contriever's or embedding's)
-    )
-    split = {**source, "rows": len(pairs), "fingerprint": fingerprint(pairs), "limit": limit}
-    return pairs, split
-
-
 def evaluate(
     path: str | Path,
     specs: Sequence[ScorerSpec],
@@ -253,9 +232,10 @@ def evaluate(
     n_boot: int = metrics.N_BOOT,
     seed: int = metrics.SEED,
     progress: bool = True,
+    stale_ok: bool = False,
 ) -> list[dict[str, Any]]:
     """Evaluate every scorer on the split at ``path``; returns each scorer's results."""
-    pairs, split = load_split(path, cfg, limit)
+    pairs, split = load_split(path, cfg, limit, stale_ok=stale_ok)
     usable, skipped = usable_settings(pairs, list(settings))
     if not usable:
         reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())

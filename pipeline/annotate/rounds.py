@@ -1,0 +1,103 @@
+"""Reading what the annotation rounds decided, for commands outside this package.
+
+``prb publish`` asks here for each pair's latest human verdict and for each round's
+agreement figures; the round files' names and shapes stay the annotate package's business
+(``importer`` writes them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import InputError
+from pipeline.io import read_json
+from pipeline.run import RunDir
+
+# A pair's status after a round: what the votes decided (importer.py writes it).
+STATUSES = ("verified", "refuted", "unresolved")
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of a JSONL file the project wrote; damage is one error."""
+    with open(path, "rb") as fh:
+        for line, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError:  # UnicodeDecodeError is a ValueError
+                raise InputError(
+                    "not valid JSON; run `prb annotate import` for this round again",
+                    path=path,
+                    line=line,
+                ) from None
+            if not isinstance(row, dict):
+                raise InputError("a row must be a JSON object", path=path, line=line)
+            yield line, row
+
+
+def latest_verdicts(rd: RunDir) -> dict[str, dict[str, Any]]:
+    """Latest human verdict per pair_id over all annotation rounds (a later round wins),
+    each with the ``round`` it came from."""
+    latest: dict[str, dict[str, Any]] = {}
+    for rnd in rd.rounds():
+        path = rnd.verdicts
+        if not path.exists():
+            continue
+        for line, row in _jsonl_rows(path):
+            if not row.get("pair_id"):
+                raise InputError("verdict row without a pair_id", path=path, line=line)
+            if row.get("status") not in STATUSES:
+                raise InputError(
+                    f"status must be one of {', '.join(STATUSES)}, got {row.get('status')!r}",
+                    path=path,
+                    line=line,
+                    field="status",
+                )
+            latest[row["pair_id"]] = {**row, "round": rnd.number}
+    return latest
+
+
+def _agreement_summary(raw: dict[str, Any]) -> dict[str, Any]:
+    """The round-level figures of an agreement.json, without per-item or per-annotator
+    detail: annotator names and single votes do not belong in a public release."""
+    keep = (
+        "items",
+        "annotators",
+        "annotations",
+        "items_with_2plus",
+        "krippendorff_alpha",
+        "raw_agreement",
+    )
+    out = {k: raw.get(k) for k in keep if k in raw}
+    hvj = raw.get("human_vs_judge")
+    if isinstance(hvj, dict):
+        out["human_vs_judge"] = {k: hvj.get(k) for k in ("n", "agreement", "kappa")}
+    gold = raw.get("gold_accuracy")
+    if raw.get("gold_accuracy_overall") is not None:
+        out["gold_accuracy"] = raw["gold_accuracy_overall"]
+    elif isinstance(gold, dict):  # per annotator: keep only the mean
+        accs = [
+            float(v["accuracy"])
+            for v in gold.values()
+            if isinstance(v, dict) and v.get("accuracy") is not None
+        ]
+        out["gold_accuracy"] = sum(accs) / len(accs) if accs else None
+    return out
+
+
+def agreement_summaries(rd: RunDir) -> dict[str, dict[str, Any]]:
+    """Round name -> the public summary figures of each round's agreement.json."""
+    out = {}
+    for rnd in rd.rounds():
+        path = rnd.agreement
+        if path.exists():
+            try:
+                raw = read_json(path)
+            except ValueError as exc:
+                raise InputError(f"not valid JSON: {exc}", path=path) from None
+            out[rnd.name] = _agreement_summary(raw if isinstance(raw, dict) else {})
+    return out

@@ -1,0 +1,183 @@
+"""Every figure a release reports: the card's figures, also written to ``release.json``,
+with what the release records about how it was made (the stages it was built from, the
+rules its pairs were filtered with, the profile ranking; :mod:`pipeline.release.recorded`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.backends.identity import describe
+from pipeline.release.columns import json_text, sampling_of, templates_of
+from pipeline.release.recorded import built_from
+from pipeline.run import RunDir
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
+
+
+def release_summary(
+    rd: RunDir,
+    config: Config | None,
+    policy: str,
+    license: str,
+    records: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    by_config: dict[str, list[dict]],
+    excluded: Counter,
+    agreement: dict[str, Any],
+) -> dict[str, Any]:
+    """Every figure the card reports, also written to release.json."""
+    pairs = rd.finished("pairs")
+    stats = pairs.stats()
+    funnel = {
+        k: stats.get(k)
+        for k in ("examples", "kept", "dropped", "dropped_by_reason", "kept_by_strategy")
+        if k in stats
+    }
+    meta = pairs.meta
+    settings = meta.settings if meta is not None else {}
+    ingest = rd.stage("ingest").meta
+    env = rd.environment()
+    per_cat: dict[str, dict[str, int]] = {}
+    for r in rows:
+        c = per_cat.setdefault(str(r["category"]), {"pairs": 0, "verified": 0})
+        c["pairs"] += 1
+        c["verified"] += r["human_verdict"] == "verified"
+    status = Counter(r["human_verdict"] for r in rows)
+
+    def distinct(key: str) -> list[str]:
+        return sorted({str(r[key]) for r in rows if r[key] is not None})
+
+    run_name = config.run.name if config is not None else rd.path.name
+    served = _served_by(rd)
+    samplings = [sampling_of(r) for r in records]
+    return {
+        "pretty_name": f"Personalized RewardBench pairs ({run_name})",
+        "hand_written": _hand_written(config),
+        "not_model_output": _not_model_output(served),
+        "license": license,
+        "policy": policy,
+        "rows": len(rows),
+        "configs": {name: len(part) for name, part in by_config.items()},
+        "excluded": dict(excluded),
+        "funnel": funnel,
+        "per_category": per_cat,
+        "human": {
+            "annotated": sum(n for s, n in status.items() if s is not None),
+            "verified": status.get("verified", 0),
+            "unresolved": status.get("unresolved", 0),
+        },
+        "agreement": agreement,
+        "ledger": card_ledger(rd, config),
+        "built_from": built_from(rd),
+        "provenance": {
+            "served_by": {k: {**v, "described": describe(v)} for k, v in served.items()},
+            "generator_models": distinct("generator_model"),
+            "judge_models": distinct("judge_model"),
+            "run_seed": config.run.seed if config is not None else None,
+            "generator_sampling": _distinct([s["chosen"] for s in samplings]),
+            "judge_sampling": _distinct([s["judge"] for s in samplings]),
+            "templates": _templates(records),
+            "filters": settings.get("pairs"),
+            # what `prb audit` of the release applies, wherever the release lies
+            "rules": {"pairs": settings.get("pairs"), "word_cap": settings.get("word_cap")}
+            if settings.get("pairs") is not None
+            else None,
+            # the selection behind each row's profile_view, for `prb eval`
+            "profile": (ingest.settings if ingest is not None else {}).get("profile"),
+            "environment": env,
+            "publish_environment": _publish_versions(),
+        },
+    }
+
+
+def _templates(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every distinct prompt template the published pairs came from."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    for r in records:
+        t = templates_of(r)
+        for info in [t.get("chosen"), t.get("rejected"), *(t.get("judge") or {}).values()]:
+            if info and info.get("template"):
+                key = (info["template"], info.get("template_version"), info.get("template_hash"))
+                seen[key] = info
+    return [seen[k] for k in sorted(seen, key=str)]
+
+
+def _distinct(values: list[Any]) -> list[Any]:
+    """Distinct values in a stable order (by their JSON text)."""
+    seen = {json_text(v): v for v in values}
+    return [seen[k] for k in sorted(seen)]
+
+
+def card_ledger(rd: RunDir, config: Config | None) -> dict[str, Any]:
+    """What building the run took, for the card's ledger section: per LLM stage, what its
+    backend answered over the run's life (pipeline/budget.py), with the cost at the run's
+    prices when they are set."""
+    from pipeline.budget import run_ledger
+
+    return run_ledger(rd, config.run.prices if config is not None else None)
+
+
+def _served_by(rd: RunDir) -> dict[str, dict[str, Any]]:
+    """Per LLM stage, the identity of what produced its answers (its stage.json)."""
+    out = {}
+    for name in ("rubrics", "responses", "judge"):
+        meta = rd.stage(name).meta
+        served = (meta.environment or {}).get("served_by") if meta is not None else None
+        if isinstance(served, dict):
+            out[name] = served
+    return out
+
+
+def _not_model_output(served: dict[str, dict[str, Any]]) -> str | None:
+    """The card's plain statement when some stage's answers came from no model."""
+    stages = [name for name, ident in served.items() if ident.get("model_output") is False]
+    if not stages:
+        return None
+    return (
+        "The "
+        + " and ".join(
+            {"rubrics": "rubrics", "responses": "answers", "judge": "judge verdicts"}[s]
+            for s in stages
+        )
+        + " in this release are not model output: "
+        + "; ".join(f"{s}: {describe(served[s])}" for s in stages)
+        + "."
+    )
+
+
+def _publish_versions() -> dict[str, str | None]:
+    """Versions that decide the release files' encoding (the run's own are in
+    environment.json, written when the answers were generated)."""
+    import platform
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for lib in ("personalized-rewardbench", "datasets", "pyarrow", "huggingface_hub"):
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            out[lib] = None
+    return out
+
+
+def _hand_written(config: Config | None) -> str | None:
+    """Why the card must say its pairs come from hand-written sample input, or None (that
+    the answers came from no model is said by ``not_model_output``, from the provenance)."""
+    reasons = []
+    if config is not None:
+        for p in (config.input.path, config.input.users_path, config.input.questions_path):
+            parts = Path(p).parts if p is not None else ()
+            if "examples" in parts:
+                shown = Path(*parts[parts.index("examples") :]).as_posix()
+                reasons.append(
+                    f"the questions, profiles and rubrics are the project's hand-written "
+                    f"sample input (`{shown}`), not LaMP-QA"
+                )
+                break
+    if not reasons:
+        return None
+    text = "; ".join(reasons)
+    return text[0].upper() + text[1:] + "."
