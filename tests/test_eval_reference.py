@@ -99,9 +99,9 @@ def test_pairwise_reference_order_per_subset_equals_the_reference(
             setup,
             "judge:standin-model,format=text,parse=first",
             "--set",
-            f"backend.base_url={server.base_url}",
+            f"backend.openai.base_url={server.base_url}",
             "--set",
-            "backend.max_concurrency=4",
+            "backend.openai.max_concurrency=4",
         )
     m = res["settings"]["question"]["metrics"]
     assert res["scorer"]["parse"] == "first 'Result:' line"
@@ -136,7 +136,7 @@ def test_pairwise_reference_order_per_subset_equals_the_reference(
             setup,
             "judge:standin-model,format=text",
             "--set",
-            f"backend.base_url={server.base_url}",
+            f"backend.openai.base_url={server.base_url}",
         )
     assert last["settings"]["question"]["metrics"]["position"]["reference_order_correct"] != (
         correct

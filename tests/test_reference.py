@@ -108,7 +108,7 @@ def test_reference_end_to_end_to_a_release_of_the_three_configs(tmp_path, server
         f"run.output_dir={tmp_path / 'outputs'}",
         f"backend.openai.base_url={server.base_url}",
         "backend.model=standin-model",
-        "backend.max_concurrency=8",
+        "backend.openai.max_concurrency=8",
     ]
     args = [a for s in sets for a in ("--set", s)]
     assert main(["run", str(REFERENCE), "--no-progress", *args]) == 0
