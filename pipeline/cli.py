@@ -290,7 +290,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.time()
     try:
         # a second writer is refused before the stage machinery is even imported
-        lock = RunDir(cfg.run_dir).lock()
+        rd = RunDir(cfg.run_dir)
+        rd.check_writable()  # a folder of the user's is refused before anything is written
+        lock = rd.lock()
         if lock.path.parent.is_dir():
             lock.acquire(create=False)
         from pipeline.orchestrate import run_pipeline
