@@ -169,8 +169,8 @@ def file_digest(path: str | Path) -> tuple[str, int, int]:
     return h.hexdigest(), size, lines
 
 
-# tempfile.mkstemp's random part is 8 characters of [a-z0-9_]
-_TEMP_RE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+# ".<name>.<random part>.tmp" (tempfile.mkstemp's random part: letters, digits, "_")
+_TEMP_RE = re.compile(r"^\..+\.[a-z0-9_]+\.tmp$")
 
 
 def remove_strays(folder: str | Path) -> int:
@@ -184,7 +184,7 @@ def remove_strays(folder: str | Path) -> int:
         return 0
     n = 0
     for p in list(folder.rglob(".*")):
-        # only the names atomic_open gives (".<name>.<8 random characters>.tmp"): a user's
+        # only the names atomic_open gives (".<name>.<random part>.tmp"): a user's
         # own ".notes.tmp" in the run directory is not ours to delete
         if p.is_file() and _TEMP_RE.match(p.name):
             with contextlib.suppress(FileNotFoundError):
