@@ -627,6 +627,7 @@ def summarize_round(
     counts: Counter = Counter()
     keys_seen: Counter = Counter()
     new_rows: list[dict] = []
+    task_ids_of: dict[str, set[Any]] = {}  # the tasks carrying each key, in this export
     checked = _check_tasks(tasks, skipped)
     if not any(data is not None and data.task_key in known for _, data in checked):
         ours = sum(data is not None for _, data in checked)
@@ -657,6 +658,7 @@ def summarize_round(
             skipped.append(_skip(task.id, key, str(exc)))
             continue
         keys_seen[key] += 1
+        task_ids_of.setdefault(key, set()).add(task.id)
         counts["superseded"] += superseded
         counts["annotations_total"] += len(task.annotations or [])
         for r in task_rows:  # the pair comes from the round, not from the export
@@ -672,9 +674,11 @@ def summarize_round(
     latest, superseded_later = _latest(list(merged.values()))
     counts["superseded"] += superseded_later
 
-    by_key: dict[str, list[dict]] = {}
+    # every task of the round this export or an earlier import holds, annotated or not
+    by_key: dict[str, list[dict]] = {k: [] for k in task_ids_of}
     for r in latest:
         by_key.setdefault(r["task_key"], []).append(r)
+        task_ids_of.setdefault(r["task_key"], set()).add(r.get("task_id"))
     pairs = {p["pair_id"]: p for p in rd.pair_records()}
 
     rows: list[dict] = []
@@ -686,7 +690,11 @@ def summarize_round(
     gold_map: dict[str, str] = {}
     judge_map: dict[str, str] = {}
 
-    for key in sorted(by_key, key=lambda k: min(r.get("task_id") or 0 for r in by_key[k])):
+    def first_task(key: str) -> tuple[int, str]:
+        ids = [t for t in task_ids_of[key] if isinstance(t, int)]
+        return (min(ids) if ids else 0, key)
+
+    for key in sorted(by_key, key=first_task):
         task_rows, conflict, dropped = _pool(by_key[key])
         counts["pooled_duplicates"] += dropped
         rows.extend(task_rows)
@@ -720,7 +728,7 @@ def summarize_round(
             v["status"] = "unresolved"  # a copy never decides a pair
         flags = Counter(f for r in votes for f in r["flags"])
         confs = [r["confidence"] for r in votes if r["confidence"] is not None]
-        task_ids = sorted({r.get("task_id") for r in task_rows}, key=lambda t: (str(type(t)), t))
+        task_ids = sorted(task_ids_of[key], key=lambda t: (str(type(t)), t))
         row = {
             "pair_id": pair_id,
             "task_key": key,
