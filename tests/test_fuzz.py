@@ -30,14 +30,17 @@ from pipeline.ingest import load_examples
 
 FUZZ = settings(
     max_examples=250,
-    deadline=2000,  # ms per example; a deep-nesting line takes a few ms
+    # no per-example deadline: what is checked is the outcome, not the speed; a busy
+    # machine (load 3-12) took many times the usual milliseconds, and pytest-timeout still
+    # stops a real hang
+    deadline=None,
     database=None,  # nothing written into the working tree
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 # the audit fits a probe model per file: fewer examples for the same time
 AUDIT_FUZZ = settings(FUZZ, max_examples=120)
 # an import writes the round's five files, each fsynced: slow on a busy disk
-IMPORT_FUZZ = settings(FUZZ, max_examples=150, deadline=10_000)
+IMPORT_FUZZ = settings(FUZZ, max_examples=150)
 
 
 @pytest.fixture(scope="module")

@@ -612,7 +612,7 @@ def test_a_stuck_ray_fails_with_one_line_after_result_timeout(monkeypatch):
             asyncio.run(go())
     finally:
         llm.release.set()
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60  # the stuck engine would never answer
     msg = str(err.value)
     assert "no answer came back for 0.5 s" in msg and "backend.ray.result_timeout_s" in msg
     assert "\n" not in msg
