@@ -30,7 +30,9 @@ ROUND_FILES = ("annotations.jsonl", "verdicts.jsonl", "adjudication.jsonl", "agr
                "skipped.jsonl")  # fmt: skip
 
 
-def _import(capsys, run_dir: Path, export: Any, tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+def _import(
+    capsys, run_dir: Path, export: Any, tmp_path: Path, *extra: str
+) -> tuple[int, str, str]:
     path = tmp_path / "export.json"
     path.write_text(json.dumps(export))
     rc = main(["annotate", "import", str(run_dir), "--round", "1", "--from-file", str(path),
@@ -91,7 +93,7 @@ def test_an_export_without_the_rounds_tasks_is_refused_and_keeps_the_votes(
     assert _import(capsys, run_dir, export, tmp_path)[0] == 0
     assert len(base._read(run_dir, "annotations.jsonl")) == 24
     before = disk_state(_round(run_dir))
-    rc, out, err = _import(capsys, run_dir, other(export), tmp_path)
+    rc, _, err = _import(capsys, run_dir, other(export), tmp_path)
     assert rc == 1 and "Traceback" not in err
     (line,) = err.strip().splitlines()
     assert "holds none of round 1's 12 tasks" in line and "left as it was" in line, line
@@ -186,9 +188,7 @@ def test_a_conflicting_copy_never_makes_a_pair_verified(round1, tmp_path, capsys
     copy_task = copy.deepcopy(export[0])
     copy_task["id"] = 999
     agree = copy.deepcopy(export[0]["annotations"][0])  # user 1's vote for the chosen answer
-    copy_task["annotations"] = [
-        agree | {"id": 9000 + u, "completed_by": u} for u in voters
-    ]
+    copy_task["annotations"] = [agree | {"id": 9000 + u, "completed_by": u} for u in voters]
     rc, out, err = _import(capsys, run_dir, [*export, copy_task], tmp_path, "--set",
                            "annotation.min_votes=2")  # fmt: skip
     assert rc == 0, err

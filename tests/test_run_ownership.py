@@ -152,3 +152,19 @@ def test_a_clear_killed_half_way_is_redone_by_the_next_run(tmp_path, server, mon
     assert any("re-doing" in s for s in said if s.startswith("[responses]")), said
     assert _rows(run, "responses") == want
     assert (run / "responses" / "survey.csv").read_text() == "mine"
+
+
+def test_a_users_dot_tmp_file_in_the_run_survives_the_stray_cleanup(tmp_path, server):
+    """A run removes the temporary files a killed writer left (".<name>.<random>.tmp"),
+    not a file of the user's that merely ends in .tmp."""
+    cfg = write_config(tmp_path, server, **SMALL)
+    assert main(["run", str(cfg), "--until", "ingest", "--no-progress"]) == 0
+    run = tmp_path / "outputs" / "t"
+    (run / ".notes.tmp").write_text("mine")
+    (run / "draft.tmp").write_text("mine too")
+    (run / "ingest" / ".data-00000.jsonl.k3j9x2ab.tmp").write_text('{"half": ')  # ours
+    mine = {k: v for k, v in disk_state(run).items() if k in (".notes.tmp", "draft.tmp")}
+    assert main(["run", str(cfg), "--until", "ingest", "--no-progress"]) == 0
+    after = disk_state(run)
+    assert {k: after[k] for k in mine} == mine
+    assert "ingest/.data-00000.jsonl.k3j9x2ab.tmp" not in after

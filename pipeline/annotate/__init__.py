@@ -148,9 +148,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         return 0
     from pipeline.annotate.importer import SHOW_SKIPPED, import_round
 
-    s = import_round(
-        cfg, run_dir, args.round_no, export_file=args.from_file, replace=args.replace
-    )
+    s = import_round(cfg, run_dir, args.round_no, export_file=args.from_file, replace=args.replace)
     alpha = s["krippendorff_alpha"]
     merged = (
         "replaced the round's earlier votes"

@@ -814,11 +814,15 @@ def summarize_round(
         "kept_from_earlier_imports": len(earlier),
         "replaced": replace,
     }
-    return summary | this_import | {
-        "skipped": skipped,
-        "files": str(rnd.path),
-        "skipped_file": str(rnd.skipped),
-    }
+    return (
+        summary
+        | this_import
+        | {
+            "skipped": skipped,
+            "files": str(rnd.path),
+            "skipped_file": str(rnd.skipped),
+        }
+    )
 
 
 def _without_time(agreement: dict[str, Any]) -> str:
