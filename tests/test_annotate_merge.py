@@ -237,3 +237,25 @@ def test_the_server_path_refuses_an_export_without_the_rounds_tasks(round1, tmp_
         import_round(cfg, run_dir, 1, client=_fake_client(run_dir, b"[]"))
     assert "the export of project 3 at http://127.0.0.1:9" in str(got.value)
     assert disk_state(_round(run_dir)) == before
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ['{"task_key": "x"', '{"task_key": 3}', '{"task_key": "k", "label": "chosen"}'],
+    ids=["cut_short", "key_not_text", "fields_missing"],
+)
+def test_a_damaged_earlier_import_is_named_and_nothing_changes(round1, tmp_path, capsys, damage):
+    run_dir, export = round1
+    assert _import(capsys, run_dir, export, tmp_path)[0] == 0
+    annotations = _round(run_dir) / "annotations.jsonl"
+    annotations.write_text(annotations.read_text() + damage + "\n")
+    before = disk_state(_round(run_dir))
+    rc, _, err = _import(capsys, run_dir, export, tmp_path)
+    assert rc == 1
+    (line,) = err.strip().splitlines()
+    assert f"{annotations}, line 25" in line and "--replace" in line, line
+    assert disk_state(_round(run_dir)) == before
+    # --replace rebuilds the round from the export alone
+    rc, _, err = _import(capsys, run_dir, export, tmp_path, "--replace")
+    assert rc == 0, err
+    assert len(base._read(run_dir, "annotations.jsonl")) == 24

@@ -509,6 +509,12 @@ def _row_key(r: dict[str, Any]) -> tuple[Any, ...]:
     return (r["task_key"], "task", r.get("task_id"), r.get("annotator"))
 
 
+# what the merge reads of an earlier import's row
+_ROW_FIELDS = ("task_key", "task_id", "annotation_id", "annotator", "label", "flags",
+               "confidence", "comment", "was_cancelled")  # fmt: skip
+_LABELS = (None, "chosen", "rejected", "tie", "both_bad")
+
+
 def _earlier_rows(rnd: Round) -> list[dict[str, Any]]:
     """The round's annotations.jsonl from earlier imports (empty when there is none); a
     damaged line is one error naming it, and nothing is written."""
@@ -527,6 +533,15 @@ def _earlier_rows(rnd: Round) -> list[dict[str, Any]]:
                 raise LabelStudioError(f"{path}, line {n}: not valid JSON; {fix}") from None
             if not isinstance(row, dict) or not isinstance(row.get("task_key"), str):
                 raise LabelStudioError(f"{path}, line {n}: not a vote row (no task_key); {fix}")
+            missing = [k for k in _ROW_FIELDS if k not in row]
+            if missing:
+                raise LabelStudioError(
+                    f"{path}, line {n}: a vote row without {missing[0]!r}; {fix}"
+                )
+            if row["label"] not in _LABELS or not isinstance(row["flags"], list):
+                raise LabelStudioError(
+                    f"{path}, line {n}: label {row['label']!r} or flags of the wrong kind; {fix}"
+                )
             rows.append(row)
     return rows
 
