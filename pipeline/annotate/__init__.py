@@ -166,9 +166,10 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         + (f"{alpha:.3f}" if alpha is not None else "n/a")
     )
     if s["duplicate_task_keys"] or s["pooled_duplicates"]:
+        same = s["pooled_duplicates"]
         print(
             f"{s['duplicate_task_keys']} tasks repeat a task already in the export: one pair "
-            f"each, {s['pooled_duplicates']} identical annotations counted once"
+            "each" + (f", {same} identical annotations counted once" if same else "")
         )
     for c in s["conflicting_pairs"][:SHOW_SKIPPED]:
         print(
@@ -184,8 +185,8 @@ def cmd_annotate(args: argparse.Namespace) -> int:
             if n
         ]
         print(
-            f"left out {' and '.join(parts)} that do not fit Label Studio's export format "
-            f"(all listed in {listing}); fix them in Label Studio and import again:"
+            f"left out {' and '.join(parts)} that do not fit Label Studio's export format or "
+            f"this round (all listed in {listing}); fix them in Label Studio and import again:"
         )
         for row in left_out[:SHOW_SKIPPED]:
             what = f"task {row['task_id']}"

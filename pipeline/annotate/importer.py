@@ -683,9 +683,10 @@ def summarize_round(
     # merge: this export's rows replace the same annotations of earlier imports
     earlier = [] if replace else [r for r in _earlier_rows(rnd) if r["task_key"] in known]
     merged = {_row_key(r): r for r in earlier}
-    fresh = sum(_row_key(r) not in merged for r in new_rows)
-    changed = sum(_row_key(r) in merged and merged[_row_key(r)] != r for r in new_rows)
-    merged.update((_row_key(r), r) for r in new_rows)
+    incoming = {_row_key(r): r for r in new_rows}  # a task twice in the export: once
+    fresh = sum(k not in merged for k in incoming)
+    changed = sum(k in merged and merged[k] != r for k, r in incoming.items())
+    merged.update(incoming)
     latest, superseded_later = _latest(list(merged.values()))
     counts["superseded"] += superseded_later
 
