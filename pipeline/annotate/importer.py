@@ -11,7 +11,16 @@ The export is checked against a schema task by task and annotation by annotation
 (:class:`ExportTask`, :class:`ExportAnnotation`): a task or annotation that does not fit
 (a choice someone added in the Label Studio UI, a rating that is text, a task id that is
 not a number...) is left out and listed with its id and the reason, and the rest of the
-round is imported. Only a body that is not a JSON list of tasks stops the import.
+round is imported. Only a body that is not a JSON list of tasks stops the import, and an
+export that holds none of the round's tasks (an empty list, another project's export).
+
+An import merges with the round's earlier ones (``--replace`` drops those): vote rows are
+keyed by annotation id and task key, so the same export twice changes no file and votes an
+export lacks are kept. Only the round's own task keys are imported (a task of another key
+goes to ``skipped.jsonl``), and the pair a task stands for comes from the round's
+tasks.json, not from the export. Tasks carrying one key are one pair: an annotator's
+identical annotations on two copies count once, and copies that disagree leave the pair
+unresolved and in adjudication (:func:`_pool`).
 
 Files under ``<run>/annotate/round-N/``:
 
