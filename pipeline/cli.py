@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", metavar="STAGE", help="plan only this stage")
     p.add_argument(
         "--tokens-per-second",
-        type=_positive,
+        type=_throughput,
         metavar="X",
         help="output tokens per second the backend produces, for the time estimate "
         "(default: measured on this run, or by benchmarks/ for vllm)",
@@ -245,6 +245,24 @@ def _positive(text: str) -> float:
     return value
 
 
+# `prb plan --tokens-per-second`: a hundredth of a token a second (a CPU on a large model)
+# to ten million (a large cluster); outside that, a typo. 1e308 printed a 309-digit
+# figure and 5e-324 an "inf h".
+THROUGHPUT_RANGE = (0.01, 1e7)
+
+
+def _throughput(text: str) -> float:
+    """Output tokens per second within THROUGHPUT_RANGE (argparse type)."""
+    value = _positive(text)
+    low, high = THROUGHPUT_RANGE
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is outside {low:g} .. {high:,.0f} output tokens per second; pass the "
+            "backend's measured throughput (benchmarks/ measures it for vllm)"
+        )
+    return value
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
@@ -320,7 +338,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.time()
     try:
         # a second writer is refused before the stage machinery is even imported
-        lock = RunDir(cfg.run_dir).lock()
+        rd = RunDir(cfg.run_dir)
+        rd.check_writable()  # a folder of the user's is refused before anything is written
+        lock = rd.lock()
         if lock.path.parent.is_dir():
             lock.acquire(create=False)
         from pipeline.orchestrate import run_pipeline

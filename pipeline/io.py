@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -173,6 +174,10 @@ def file_digest(path: str | Path) -> tuple[str, int, int]:
     return h.hexdigest(), size, lines
 
 
+# ".<name>.<random part>.tmp" (tempfile.mkstemp's random part: letters, digits, "_")
+_TEMP_RE = re.compile(r"^\..+\.[a-z0-9_]+\.tmp$")
+
+
 def remove_strays(folder: str | Path) -> int:
     """Delete the temporary files (``.name.XXXX.tmp``) a killed writer left under ``folder``
     and the ``.trash-*`` folders of interrupted clears; returns how many were removed.
@@ -184,7 +189,9 @@ def remove_strays(folder: str | Path) -> int:
         return 0
     n = 0
     for p in list(folder.rglob(".*")):
-        if p.is_file() and p.name.endswith(".tmp"):
+        # only the names atomic_open gives (".<name>.<random part>.tmp"): a user's
+        # own ".notes.tmp" in the run directory is not ours to delete
+        if p.is_file() and _TEMP_RE.match(p.name):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
                 n += 1

@@ -14,6 +14,7 @@ whose input was rebuilt is rebuilt too, never silently left out of date.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -222,6 +223,8 @@ def _decide(
     """(action, why) of a stage not asked to be re-done: redo when its settings or inputs
     changed, skip when it is done and intact (damage raises), resume when it started."""
     meta = sd.meta
+    if sd.interrupted_clear:
+        return "redo", "an earlier re-do of it was interrupted"
     if meta is not None and meta.fingerprint != fp:
         return "redo", explain_change(meta.settings, settings)
     if sd.done:
@@ -245,6 +248,9 @@ def _decide(
 
 def _preflight(ctx: Context, plans: list[StagePlan], echo: Callable[[str], None]) -> None:
     """A backend that cannot be built fails before the first stage, not at the third."""
+    for p in plans:
+        if p.action == "redo":
+            ctx.run_dir.stage(p.name).check_clearable()  # before anything changes
     if any(p.name == "ingest" and p.action != "skip" for p in plans):
         from pipeline.ingest import check_input
 
@@ -294,9 +300,10 @@ def run_pipeline(
 
     rd = RunDir(config.run_dir)
     ctx = Context(config=config, run_dir=rd, progress=progress)
-    existed = rd.path.exists()
+    existed = os.path.lexists(rd.path)
     lock = lock or rd.lock()
     if existed:
+        rd.check_writable()  # a folder of the user's is refused before the lock file
         lock.acquire()
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -309,9 +316,11 @@ def run_pipeline(
             # process may create the folder meanwhile, so plan again under the lock
             rd.path.mkdir(parents=True, exist_ok=True)
             lock.acquire()
+            rd.check_writable()
             ctx.fingerprints.clear()
             plans = make_plan(ctx, stages, names, redo, command)
         # the plan goes ahead: from here on the run directory changes
+        rd.mark()
         removed = remove_strays(rd.path)
         if removed:
             echo(f"removed {removed} temporary files left by an interrupted run")
@@ -348,7 +357,10 @@ def _act(
         return None
     if p.action == "redo":
         echo(f"[{name}] re-doing: {p.why}")
-        sd.clear()
+        left = sd.clear()
+        if left:
+            shown = ", ".join(x.name for x in left[:3]) + (" ..." if len(left) > 3 else "")
+            echo(f"[{name}] left {len(left)} file(s) prb did not write in {sd.path}: {shown}")
     elif p.action == "resume" and not stage.resumable:
         sd.clear_shards()  # cheap to redo from scratch, and never appends twice
     resuming = p.action == "resume" and stage.resumable and bool(sd.shard_ids())

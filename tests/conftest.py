@@ -57,7 +57,10 @@ def write_config(tmp_path: Path, server: StandinServer | None = None, **sections
             "openai": {
                 "base_url": server.base_url if server else "http://127.0.0.1:9/v1",
                 "max_concurrency": 8,
-                "timeout_s": 10,
+                # generous: the stand-in answers in milliseconds, but on a busy 2-core machine
+                # (load 3-12) a 10 s limit timed requests out and the run stopped with "the
+                # server looks down". Tests about timeouts set their own.
+                "timeout_s": 120,
             },
         },
         "responses": {"n": 2, "strategies": ["avoid_all", "violate_one", "other_user"]},

@@ -62,7 +62,7 @@ def _args(split: Path, server: StandinServer, *extra: str) -> list[str]:
         "--set",
         "backend.openai.max_concurrency=4",
         "--set",
-        "backend.openai.timeout_s=10",
+        "backend.openai.timeout_s=120",  # generous: a busy machine must not time a request out
         "--set",
         "backend.backoff_initial_s=0.01",
         *extra,

@@ -30,14 +30,17 @@ from pipeline.ingest import load_examples
 
 FUZZ = settings(
     max_examples=250,
-    deadline=2000,  # ms per example; a deep-nesting line takes a few ms
+    # no per-example deadline: what is checked is the outcome, not the speed; a busy
+    # machine (load 3-12) took many times the usual milliseconds, and pytest-timeout still
+    # stops a real hang
+    deadline=None,
     database=None,  # nothing written into the working tree
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 # the audit fits a probe model per file: fewer examples for the same time
 AUDIT_FUZZ = settings(FUZZ, max_examples=120)
 # an import writes the round's five files, each fsynced: slow on a busy disk
-IMPORT_FUZZ = settings(FUZZ, max_examples=150, deadline=10_000)
+IMPORT_FUZZ = settings(FUZZ, max_examples=150)
 
 
 @pytest.fixture(scope="module")
@@ -496,7 +499,8 @@ def test_annotate_import_raises_only_pipeline_errors(exported_round, data) -> No
     path = run_dir.parent / "export.json"
     path.write_bytes(data.draw(ls_export(keys)))
     try:
-        summary = import_round(cfg, run_dir, 1, export_file=path)
+        # each example on its own: --replace, so no earlier example's votes are merged in
+        summary = import_round(cfg, run_dir, 1, export_file=path, replace=True)
     except PipelineError as exc:
         assert str(path) in str(exc) and "\n" not in str(exc)
         event("refused")
@@ -506,6 +510,11 @@ def test_annotate_import_raises_only_pipeline_errors(exported_round, data) -> No
     # what was imported was written, and every vote is one of the four labels
     out = run_dir / "annotate" / "round-1"
     rows = [json.loads(x) for x in (out / "annotations.jsonl").read_text().splitlines()]
-    assert summary["votes"] == sum(r["label"] is not None for r in rows)
+    # one vote per task and annotator whose labelled rows agree (copies of a task pooled)
+    labelled: dict[tuple[str, str], set[str]] = {}
+    for r in rows:
+        if r["label"] is not None:
+            labelled.setdefault((r["task_key"], r["annotator"]), set()).add(r["label"])
+    assert summary["votes"] == sum(len(v) == 1 for v in labelled.values())
     assert {r["label"] for r in rows} <= {None, "chosen", "rejected", "tie", "both_bad"}
     json.dumps(json.loads((out / "agreement.json").read_text()), allow_nan=False)

@@ -318,8 +318,14 @@ def test_import_keeps_every_vote_and_counts_right(tmp_path, ls_server, client, a
     assert adjudication[k0]["reasons"] == ["no_majority", "general_quality_differs"]
     assert adjudication[k0]["comments"] == ["clear"]
 
-    # importing again changes nothing
-    assert import_round(cfg, run_dir, 1, client=client) == summary
+    # importing again changes nothing: the same figures, no new or changed vote
+    again = import_round(cfg, run_dir, 1, client=client)
+    assert again["new_votes"] == again["changed_votes"] == 0
+    assert again["kept_from_earlier_imports"] == len(rows)
+    this_import = ("new_votes", "changed_votes", "kept_from_earlier_imports")
+    assert {k: v for k, v in again.items() if k not in this_import} == {
+        k: v for k, v in summary.items() if k not in this_import
+    }
 
 
 def test_agreement_matches_hand_computed_values(tmp_path, ls_server, client, annotators):

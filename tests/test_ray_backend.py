@@ -294,7 +294,8 @@ def test_sigkill_then_resume_repeats_no_finished_request(tmp_path, server):
     try:
         _, err = proc.communicate(timeout=240)
         # a run that ends well shuts down the Ray it started (aclose): nothing outlives it
-        left = _wait_gone(lambda: _session_pids(proc.pid), timeout=15)
+        # (60 s: a busy machine reaps slowly)
+        left = _wait_gone(lambda: _session_pids(proc.pid), timeout=60)
     finally:
         _kill_session(proc)
     assert proc.returncode == 0, err.decode()[-3000:]
@@ -612,7 +613,7 @@ def test_a_stuck_ray_fails_with_one_line_after_result_timeout(monkeypatch):
             asyncio.run(go())
     finally:
         llm.release.set()
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60  # the stuck engine would never answer
     msg = str(err.value)
     assert "no answer came back for 0.5 s" in msg and "backend.ray.result_timeout_s" in msg
     assert "\n" not in msg

@@ -4,10 +4,12 @@ change nothing, stray temporary files cleaned up, column contracts enforced."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,24 +42,34 @@ def _rows(run_dir: Path, stage: str) -> list[dict]:
 
 
 def test_two_concurrent_runs_one_waits_out_with_the_lock_message(tmp_path):
-    with StandinServer(latency_ms=20) as srv:
+    # The first run's LLM requests wait at a gate until the second run has been refused:
+    # the first is sure to hold the lock meanwhile however slow the machine is, and the
+    # second returning while the gate is shut shows it did not wait for the lock.
+    gate = threading.Event()
+
+    async def held(body: dict, i: int) -> None:
+        while not gate.is_set():
+            await asyncio.sleep(0.02)
+        return None  # then the stand-in's own answer
+
+    with StandinServer(responder=held) as srv:
         cfg = write_config(tmp_path, srv, backend={"max_concurrency": 4})
         cmd = [sys.executable, "-m", "pipeline.cli", "run", str(cfg), "--no-progress"]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         first = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
-        lock = tmp_path / "outputs" / "t" / ".lock"
-        deadline = time.time() + 60
-        while not (lock.exists() and lock.stat().st_size):  # the first run holds the lock
-            assert time.time() < deadline and first.poll() is None
-            time.sleep(0.02)
-        t0 = time.time()
-        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
-        waited = time.time() - t0
+        try:
+            deadline = time.monotonic() + 300
+            while not srv.request_count:  # the first run holds the lock and waits at the gate
+                assert time.monotonic() < deadline and first.poll() is None
+                time.sleep(0.02)
+            second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+            assert first.poll() is None  # still held at the gate: the second did not wait
+        finally:
+            gate.set()
         assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
     assert second.returncode == 1
     assert "is in use by pid" in second.stderr and str(first.pid) in second.stderr
     assert "Traceback" not in second.stderr
-    assert waited < 10  # at once, not after waiting for the other run
     run_dir = tmp_path / "outputs" / "t"
     cands = _rows(run_dir, "responses")
     assert max(Counter(c["candidate_id"] for c in cands).values()) == 1

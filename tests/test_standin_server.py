@@ -187,11 +187,11 @@ def test_http_faults_reach_the_client(client: openai.OpenAI, server: StandinServ
 
 
 def test_slow_fault_times_out_client(client: openai.OpenAI, server: StandinServer) -> None:
-    server.inject("slow", delay=3)
+    server.inject("slow", delay=120)
     start = time.monotonic()
     with pytest.raises(openai.APITimeoutError):
         _ask(client, timeout=0.5)
-    assert time.monotonic() - start < 2.5
+    assert time.monotonic() - start < 60  # gave up long before the 120 s answer
     assert server.requests[0]["fault"] == "slow"
 
 
@@ -259,7 +259,7 @@ def test_cli_foreground_process(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 240  # generous: a busy machine starts Python slowly
         while not port_file.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         port = int(port_file.read_text())
@@ -267,7 +267,7 @@ def test_cli_foreground_process(tmp_path: Path) -> None:
         assert len(_ask(c, n=2).choices) == 2
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=120) == 0
     assert proc.stderr is not None
     # one line says where it listens and that its answers are not a model's
     assert proc.stderr.read().splitlines() == [

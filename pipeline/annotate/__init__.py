@@ -88,6 +88,12 @@ def add_annotate_parser(sub: argparse._SubParsersAction) -> None:
         help="read a JSON export downloaded from Label Studio (Export > JSON) instead of "
         "asking the server; needs no server or token",
     )
+    i.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace the round's votes with this export's (by default an import merges: "
+        "votes of earlier imports that this export lacks are kept)",
+    )
     _add_set(i, "annotation.min_votes=3")
 
 
@@ -113,7 +119,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     if action not in ("serve", "export", "import"):
         print(
             "usage: prb annotate {serve [CONFIG] | export RUN --round N | "
-            "import RUN --round N [--from-file EXPORT.json]}"
+            "import RUN --round N [--from-file EXPORT.json] [--replace]}"
         )
         return 2
     if action == "serve":
@@ -142,16 +148,34 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         return 0
     from pipeline.annotate.importer import SHOW_SKIPPED, import_round
 
-    s = import_round(cfg, run_dir, args.round_no, export_file=args.from_file)
+    s = import_round(cfg, run_dir, args.round_no, export_file=args.from_file, replace=args.replace)
     alpha = s["krippendorff_alpha"]
+    merged = (
+        "replaced the round's earlier votes"
+        if s["replaced"]
+        else f"{s['new_votes']} new and {s['changed_votes']} changed votes merged with "
+        f"{s['kept_from_earlier_imports']} from earlier imports"
+    )
     print(
-        f"round {s['round']}: {s['tasks']} tasks, {s['annotated_tasks']} annotated, "
+        f"round {s['round']}: {merged}\n"
+        f"{s['tasks']} tasks, {s['annotated_tasks']} annotated, "
         f"{s['votes']} votes from {s['annotators']} annotators "
         f"({s['cancelled']} skipped, {s['superseded']} superseded)\n"
         f"verified {s['verified']}, refuted {s['refuted']}, unresolved {s['unresolved']}; "
         f"{s['adjudication']} to adjudicate; alpha "
         + (f"{alpha:.3f}" if alpha is not None else "n/a")
     )
+    if s["duplicate_task_keys"] or s["pooled_duplicates"]:
+        same = s["pooled_duplicates"]
+        print(
+            f"{s['duplicate_task_keys']} tasks repeat a task already in the export: one pair "
+            "each" + (f", {same} identical annotations counted once" if same else "")
+        )
+    for c in s["conflicting_pairs"][:SHOW_SKIPPED]:
+        print(
+            f"conflict: pair {c['pair_id']} is in tasks {', '.join(map(str, c['task_ids']))} "
+            f"and {c['why']}; it stays unresolved (in adjudication.jsonl)"
+        )
     left_out = s["skipped"]
     if left_out:
         listing = s["skipped_file"]
@@ -161,8 +185,8 @@ def cmd_annotate(args: argparse.Namespace) -> int:
             if n
         ]
         print(
-            f"left out {' and '.join(parts)} that do not fit Label Studio's export format "
-            f"(all listed in {listing}); fix them in Label Studio and import again:"
+            f"left out {' and '.join(parts)} that do not fit Label Studio's export format or "
+            f"this round (all listed in {listing}); fix them in Label Studio and import again:"
         )
         for row in left_out[:SHOW_SKIPPED]:
             what = f"task {row['task_id']}"

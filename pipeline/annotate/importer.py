@@ -11,7 +11,16 @@ The export is checked against a schema task by task and annotation by annotation
 (:class:`ExportTask`, :class:`ExportAnnotation`): a task or annotation that does not fit
 (a choice someone added in the Label Studio UI, a rating that is text, a task id that is
 not a number...) is left out and listed with its id and the reason, and the rest of the
-round is imported. Only a body that is not a JSON list of tasks stops the import.
+round is imported. Only a body that is not a JSON list of tasks stops the import, and an
+export that holds none of the round's tasks (an empty list, another project's export).
+
+An import merges with the round's earlier ones (``--replace`` drops those): vote rows are
+keyed by annotation id and task key, so the same export twice changes no file and votes an
+export lacks are kept. Only the round's own task keys are imported (a task of another key
+goes to ``skipped.jsonl``), and the pair a task stands for comes from the round's
+tasks.json, not from the export. Tasks carrying one key are one pair: an annotator's
+identical annotations on two copies count once, and copies that disagree leave the pair
+unresolved and in adjudication (:func:`_pool`).
 
 Files under ``<run>/annotate/round-N/``:
 
@@ -51,7 +60,7 @@ from pipeline.annotate.tasks import (
     project_title,
 )
 from pipeline.config import Config, path_kind
-from pipeline.io import read_json, write_json_atomic, write_jsonl_atomic
+from pipeline.io import dumps, loads, read_json, write_json_atomic, write_jsonl_atomic
 from pipeline.rules.verdicts import direction, prefers
 from pipeline.run import Round, RunDir
 
@@ -453,9 +462,11 @@ def import_round(
     *,
     client: Any | None = None,
     export_file: str | Path | None = None,
+    replace: bool = False,
 ) -> dict[str, Any]:
     """Download the round's annotations (or read ``export_file``, a JSON export saved
-    from Label Studio), write votes, verdicts, adjudication, skipped and agreement."""
+    from Label Studio), merge them with the round's earlier votes (``replace``: drop
+    those), write votes, verdicts, adjudication, skipped and agreement."""
     run_dir = Path(run_dir)
     if export_file is not None:
         _check_exported(run_dir, round_no)
@@ -474,7 +485,140 @@ def import_round(
         source = f"the export of project {project_id} at {client_url(client)}"
         tasks = parse_export(download_export(client, project_id), source)
         origin = {"project_id": project_id, "url": client_url(client), "file": None}
-    return summarize_round(config, run_dir, round_no, tasks, users, origin)
+    return summarize_round(config, run_dir, round_no, tasks, users, origin, replace=replace)
+
+
+def _round_tasks(rnd: Round) -> dict[str, dict[str, Any]]:
+    """task_key -> {"pair_id", "gold"} of every task the round was exported with (its
+    tasks.json, else its sides.json): the only keys an import may write votes for. The pair
+    a task stands for comes from here, never from the export, which anyone can edit."""
+    if rnd.tasks.exists():
+        out = {}
+        for t in read_json(rnd.tasks):
+            data = t.get("data") if isinstance(t, dict) else None
+            if isinstance(data, dict) and isinstance(data.get("task_key"), str):
+                out[data["task_key"]] = {
+                    "pair_id": data.get("pair_id"),
+                    "gold": bool(data.get("gold")),
+                }
+        return out
+    if rnd.sides.exists():
+        return {
+            k: {"pair_id": k.removeprefix("gold:"), "gold": k.startswith("gold:")}
+            for k in read_json(rnd.sides)
+        }
+    return {}
+
+
+def _row_key(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A vote row's identity across imports: its annotation id within its task key (an
+    annotation without an id: its task and annotator)."""
+    if r.get("annotation_id") is not None:
+        return (r["task_key"], "id", r["annotation_id"])
+    return (r["task_key"], "task", r.get("task_id"), r.get("annotator"))
+
+
+# what the merge reads of an earlier import's row
+_ROW_FIELDS = ("task_key", "task_id", "annotation_id", "annotator", "label", "flags",
+               "confidence", "comment", "was_cancelled")  # fmt: skip
+_LABELS = (None, "chosen", "rejected", "tie", "both_bad")
+
+
+def _earlier_rows(rnd: Round) -> list[dict[str, Any]]:
+    """The round's annotations.jsonl from earlier imports (empty when there is none); a
+    damaged line is one error naming it, and nothing is written."""
+    path = rnd.annotations
+    if not path.is_file():
+        return []
+    fix = "pass --replace to rebuild the round's votes from this export alone"
+    rows = []
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = loads(line)
+            except ValueError:
+                raise LabelStudioError(f"{path}, line {n}: not valid JSON; {fix}") from None
+            if not isinstance(row, dict) or not isinstance(row.get("task_key"), str):
+                raise LabelStudioError(f"{path}, line {n}: not a vote row (no task_key); {fix}")
+            missing = [k for k in _ROW_FIELDS if k not in row]
+            if missing:
+                raise LabelStudioError(
+                    f"{path}, line {n}: a vote row without {missing[0]!r}; {fix}"
+                )
+            if row["label"] not in _LABELS or not isinstance(row["flags"], list):
+                raise LabelStudioError(
+                    f"{path}, line {n}: label {row['label']!r} or flags of the wrong kind; {fix}"
+                )
+            rows.append(row)
+    return rows
+
+
+def _latest(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """Per task key, task and annotator only the newest row: an annotator who resubmitted
+    after an earlier import changes their vote. Returns (kept, superseded count)."""
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: (r.get("updated_at") or "", r.get("annotation_id") or 0)):
+        best[(r["task_key"], r.get("task_id"), r.get("annotator"))] = r
+    return list(best.values()), len(rows) - len(best)
+
+
+_SAME_VOTE = ("label", "choice", "flags", "confidence", "comment", "was_cancelled")
+
+
+def _pool(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any] | None, int]:
+    """The rows of one task key, from one or more tasks (copies) carrying it: identical
+    annotations of one annotator on two copies count once. Returns (rows kept, the
+    conflict between copies or None, identical copies dropped).
+
+    A conflict: an annotator voted differently on two copies, or the copies' own majorities
+    differ. A copy added by hand (or a task imported twice and annotated twice) must not
+    decide a pair, so a conflicted pair stays unresolved and goes to adjudication."""
+    kept: list[dict[str, Any]] = []
+    dropped = 0
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in sorted(rows, key=lambda r: (r.get("task_id") or 0, r.get("annotation_id") or 0)):
+        same = (r.get("annotator"), *(json.dumps(r.get(k), sort_keys=True) for k in _SAME_VOTE))
+        if same in seen:
+            dropped += 1
+            continue
+        seen[same] = r
+        kept.append(r)
+    copies = sorted({r.get("task_id") for r in rows}, key=lambda t: (str(type(t)), t))
+    if len(copies) < 2:
+        return kept, None, dropped
+    why = []
+    labels_of: dict[str, set[str]] = {}
+    for r in kept:
+        if r["label"] is not None:
+            labels_of.setdefault(str(r.get("annotator")), set()).add(r["label"])
+    split = sorted(a for a, labels in labels_of.items() if len(labels) > 1)
+    if split:
+        why.append(f"{split[0]} voted differently on two copies")
+    majorities = set()
+    for t in copies:
+        votes = [r["label"] for r in kept if r.get("task_id") == t and r["label"] is not None]
+        if votes:
+            majorities.add(majority(votes)[0])
+    if len(majorities) > 1:
+        why.append("the copies' majorities differ")
+    conflict = {"task_ids": copies, "why": "; ".join(why)} if why else None
+    return kept, conflict, dropped
+
+
+def _same_file(path: Path, data: bytes) -> bool:
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Rows as JSON lines, written only when they differ from what is there: importing
+    the same export again changes no file."""
+    if not _same_file(path, b"".join(dumps(r) + b"\n" for r in rows)):
+        write_jsonl_atomic(path, rows)
 
 
 def summarize_round(
@@ -484,42 +628,112 @@ def summarize_round(
     tasks: list[Any],
     users: dict[int, str],
     origin: dict[str, Any],
+    *,
+    replace: bool = False,
 ) -> dict[str, Any]:
     """Votes, verdicts, adjudication and agreement of a round from its exported tasks
-    (as :func:`parse_export` returns them); writes the round's files."""
+    (as :func:`parse_export` returns them), merged with the votes of earlier imports
+    (``replace``: this export's votes only); writes the round's files.
+
+    An export that holds none of the round's tasks is refused and the round is left as it
+    was (the wrong project, an empty list); a task whose key the round does not have is
+    left out and listed in skipped.jsonl."""
     rd = RunDir(run_dir)
     rnd = rd.round(round_no)
     local_side = _local_sides(rnd)
-    pairs = {p["pair_id"]: p for p in rd.pair_records()}
+    known = _round_tasks(rnd)
     min_votes = config.annotation.min_votes
+    source = origin.get("file") or (
+        f"the export of project {origin.get('project_id')} at {origin.get('url')}"
+    )
 
-    rows: list[dict] = []
-    verdict_rows: list[dict] = []
-    adjudicate: list[dict] = []
     skipped: list[dict[str, Any]] = []
-    pair_votes: list[Annotation] = []
-    gold_votes: list[Annotation] = []
-    gold_map: dict[str, str] = {}
-    judge_map: dict[str, str] = {}
     counts: Counter = Counter()
     keys_seen: Counter = Counter()
-
-    for task, data in _check_tasks(tasks, skipped):
+    new_rows: list[dict] = []
+    task_ids_of: dict[str, set[Any]] = {}  # the tasks carrying each key, in this export
+    checked = _check_tasks(tasks, skipped)
+    if not any(data is not None and data.task_key in known for _, data in checked):
+        ours = sum(data is not None for _, data in checked)
+        what = (
+            "no tasks"
+            if not tasks
+            else f"{len(tasks)} tasks, {ours} with a task_key, none of them this round's"
+        )
+        raise LabelStudioError(
+            f"{source}: holds none of round {round_no}'s {len(known)} tasks ({what}); nothing "
+            f"was imported and the round is left as it was; export round {round_no}'s own "
+            "project (Export > JSON) and import that"
+        )
+    for task, data in checked:
         if data is None:
             counts["foreign_tasks"] += 1
             continue
         key = data.task_key
+        if key not in known:
+            skipped.append(
+                _skip(task.id, key, f"task_key {key!r} is not a task of round {round_no} "
+                      f"(not in {rnd.tasks.name}); its votes were not imported")
+            )  # fmt: skip
+            continue
         try:
             task_rows, superseded = vote_rows(task, data, users, local_side, skipped)
         except SkippedError as exc:
             skipped.append(_skip(task.id, key, str(exc)))
             continue
         keys_seen[key] += 1
-        gold = bool(data.gold)
+        task_ids_of.setdefault(key, set()).add(task.id)
         counts["superseded"] += superseded
         counts["annotations_total"] += len(task.annotations or [])
+        for r in task_rows:  # the pair comes from the round, not from the export
+            r["pair_id"], r["gold"] = known[key]["pair_id"], known[key]["gold"]
+        new_rows.extend(task_rows)
+
+    # merge: this export's rows replace the same annotations of earlier imports
+    earlier = [] if replace else [r for r in _earlier_rows(rnd) if r["task_key"] in known]
+    merged = {_row_key(r): r for r in earlier}
+    incoming = {_row_key(r): r for r in new_rows}  # a task twice in the export: once
+    fresh = sum(k not in merged for k in incoming)
+    changed = sum(k in merged and merged[k] != r for k, r in incoming.items())
+    merged.update(incoming)
+    latest, superseded_later = _latest(list(merged.values()))
+    counts["superseded"] += superseded_later
+
+    # every task of the round this export or an earlier import holds, annotated or not
+    by_key: dict[str, list[dict]] = {k: [] for k in task_ids_of}
+    for r in latest:
+        by_key.setdefault(r["task_key"], []).append(r)
+        task_ids_of.setdefault(r["task_key"], set()).add(r.get("task_id"))
+    pairs = {p["pair_id"]: p for p in rd.pair_records()}
+
+    rows: list[dict] = []
+    verdict_rows: list[dict] = []
+    adjudicate: list[dict] = []
+    conflicts: list[dict[str, Any]] = []
+    pair_votes: list[Annotation] = []
+    gold_votes: list[Annotation] = []
+    gold_map: dict[str, str] = {}
+    judge_map: dict[str, str] = {}
+
+    def first_task(key: str) -> tuple[int, str]:
+        ids = [t for t in task_ids_of[key] if isinstance(t, int)]
+        return (min(ids) if ids else 0, key)
+
+    for key in sorted(by_key, key=first_task):
+        task_rows, conflict, dropped = _pool(by_key[key])
+        counts["pooled_duplicates"] += dropped
         rows.extend(task_rows)
-        votes = [r for r in task_rows if r["label"] is not None]
+        pair_id, gold = known[key]["pair_id"], known[key]["gold"]
+        if conflict is not None:
+            conflicts.append({"task_key": key, "pair_id": pair_id, **conflict})
+        # one vote per annotator: one who voted differently on two copies has none
+        by_annotator: dict[str, set[str]] = {}
+        for r in task_rows:
+            if r["label"] is not None:
+                by_annotator.setdefault(str(r["annotator"]), set()).add(r["label"])
+        voted = {a: next(iter(ls)) for a, ls in by_annotator.items() if len(ls) == 1}
+        votes = [r for r in task_rows if r["label"] is not None and str(r["annotator"]) in voted]
+        votes = list({str(r["annotator"]): r for r in votes}.values())
         counts["cancelled"] += sum(r["was_cancelled"] for r in task_rows)
         counts["empty"] += sum(not r["was_cancelled"] and r["label"] is None for r in task_rows)
         counts["annotated_tasks" if votes else "unannotated_tasks"] += 1
@@ -530,18 +744,20 @@ def summarize_round(
             gold_map[key] = "chosen"  # the on-topic answer always plays the chosen side
             continue
         counts["pair_tasks"] += 1
-        pair_id = data.pair_id
         direction = judge_direction(pairs.get(pair_id)) if pair_id is not None else None
         if direction is not None:
             judge_map[key] = direction
         labels = [r["label"] for r in votes]
         v = verdict(labels, min_votes)
+        if conflict is not None:
+            v["status"] = "unresolved"  # a copy never decides a pair
         flags = Counter(f for r in votes for f in r["flags"])
         confs = [r["confidence"] for r in votes if r["confidence"] is not None]
+        task_ids = sorted(task_ids_of[key], key=lambda t: (str(type(t)), t))
         row = {
             "pair_id": pair_id,
             "task_key": key,
-            "task_id": task.id,
+            "task_id": task_ids[0] if task_ids else None,
             "n_votes": len(labels),
             "votes": dict(Counter(labels)),
             **v,
@@ -550,9 +766,15 @@ def summarize_round(
             "judge": direction,
             "annotators": [r["annotator"] for r in votes],
         }
+        if len(task_ids) > 1:
+            row["task_ids"] = task_ids
+        if conflict is not None:
+            row["conflict"] = conflict["why"]
         verdict_rows.append(row)
         counts[v["status"]] += 1
         reasons = []
+        if conflict is not None:
+            reasons.append("conflicting_copies")
         if len(labels) >= 2 and v["majority"] is None:
             reasons.append("no_majority")
         reasons += [f for f in FLAG_NAMES if flags.get(f)]
@@ -572,7 +794,7 @@ def summarize_round(
         "project_id": origin["project_id"],
         "url": origin["url"],
         "export_file": origin["file"],
-        "tasks": sum(keys_seen.values()),
+        "tasks": len(keys_seen),
         "pair_tasks": counts["pair_tasks"],
         "gold_tasks": counts["gold_tasks"],
         "foreign_tasks": counts["foreign_tasks"],
@@ -581,7 +803,10 @@ def summarize_round(
         "unannotated_tasks": counts["unannotated_tasks"],
         "annotations_total": counts["annotations_total"],
         "annotation_rows": len(rows),
-        "votes": sum(1 for r in rows if r["label"] is not None),
+        "votes": len(pair_votes) + len(gold_votes),
+        "pooled_duplicates": counts["pooled_duplicates"],
+        "conflicts": len(conflicts),
+        "conflicting_pairs": conflicts,
         "cancelled": counts["cancelled"],
         "empty": counts["empty"],
         "superseded": counts["superseded"],
@@ -598,11 +823,40 @@ def summarize_round(
         "gold_accuracy_overall": agreement["gold_accuracy_overall"],
     }
     agreement["counts"] = summary
-    agreement["time"] = time.time()
+    _write_rows(rnd.annotations, rows)
+    _write_rows(rnd.verdicts, verdict_rows)
+    _write_rows(rnd.adjudication, adjudicate)
+    _write_rows(rnd.skipped, skipped)
+    # the same export imported again leaves agreement.json as it was, its time included
+    before = _earlier_agreement(rnd)
+    if before is None or _without_time(before) != _without_time(agreement):
+        write_json_atomic(rnd.agreement, agreement | {"time": time.time()})
+    # what this import changed: in the command's output, not in agreement.json, whose
+    # counts describe the round (so the same export again leaves it as it was)
+    this_import = {
+        "new_votes": fresh,
+        "changed_votes": changed,
+        "kept_from_earlier_imports": len(earlier),
+        "replaced": replace,
+    }
+    return (
+        summary
+        | this_import
+        | {
+            "skipped": skipped,
+            "files": str(rnd.path),
+            "skipped_file": str(rnd.skipped),
+        }
+    )
 
-    write_jsonl_atomic(rnd.annotations, rows)
-    write_jsonl_atomic(rnd.verdicts, verdict_rows)
-    write_jsonl_atomic(rnd.adjudication, adjudicate)
-    write_jsonl_atomic(rnd.skipped, skipped)
-    write_json_atomic(rnd.agreement, agreement)
-    return summary | {"skipped": skipped, "files": str(rnd.path), "skipped_file": str(rnd.skipped)}
+
+def _without_time(agreement: dict[str, Any]) -> str:
+    return json.dumps({**agreement, "time": None}, sort_keys=True, default=str)
+
+
+def _earlier_agreement(rnd: Round) -> dict[str, Any] | None:
+    try:
+        got = read_json(rnd.agreement)
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) else None

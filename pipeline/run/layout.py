@@ -7,6 +7,7 @@
       environment.json     machine and library versions of the latest `prb run`
       cache.sqlite         every LLM request and answer (pipeline/cache.py)
       .lock                held by the one process that writes the run (flock)
+      .prb-run             the marker: `prb run` made (or adopted, when it was empty) this folder
       <stage>/             ingest, rubrics, responses, judge, pairs
         stage.json         the stage's fingerprint and settings, written first
         data-NNNNN.jsonl   rows, in shards
@@ -31,11 +32,21 @@ RUN_CONFIG = "run.yaml"
 ENVIRONMENT = "environment.json"
 CACHE = "cache.sqlite"
 LOCK = ".lock"
+# `prb run` writes only into a folder that is new, empty, marked by this file, or an earlier
+# run (one made before the marker existed): never into a folder of the user's.
+RUN_MARKER = ".prb-run"
 
 STAGE_META = "stage.json"
 STAGE_STATS = "stats.json"
 STAGE_MARKER = "_DONE.json"
 SHARD_RE = re.compile(r"^(data|rejects)-(\d{5})\.jsonl$")
+# The fixed names a stage writes besides its shards: with SHARD_RE, every file a stage
+# folder can hold that the stage wrote. A replaced stage loses exactly these (and their
+# temporary files); anything else in the folder is a stranger and stays.
+STAGE_FILES = (STAGE_META, STAGE_STATS, STAGE_MARKER)
+# The fingerprint stage.json holds while the stage is being cleared: it matches no real
+# fingerprint, so a kill in the middle of a clear makes the next run clear it again.
+CLEARING = "(being cleared)"
 # What a killed process leaves behind: temporary files (pipeline/io.py) and the trash of
 # a stage folder being cleared.
 TRASH_PREFIX = ".trash-"

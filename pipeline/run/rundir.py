@@ -9,6 +9,8 @@ inside a run directory.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,11 +188,42 @@ class RunDir:
             yield path, line, rec
 
     def is_run(self) -> bool:
-        """Whether this folder looks like a run directory: run.yaml, the request cache or a
-        stage folder in it."""
+        """Whether this folder looks like a run directory: its marker, run.yaml, the
+        request cache or a stage folder in it (runs made before the marker have none)."""
+        if (self.path / layout.RUN_MARKER).is_file():
+            return True
         if self.config_path.is_file() or self.cache_path.is_file():
             return True
         return any((self.path / n / layout.STAGE_META).is_file() for n in STAGE_NAMES)
+
+    def check_writable(self) -> None:
+        """Refuse, before anything is written, a folder `prb run` must not write into: one
+        that exists and is neither empty nor a run (a folder of the user's, whose files a
+        re-done stage could otherwise replace), or a path that is not a folder."""
+        p = self.path
+        if not os.path.lexists(p):
+            return
+        fix = "set run.output_dir or run.name to a new or empty folder, or to an earlier run"
+        if not p.is_dir():
+            raise InputError(f"the run directory is {_kind(p)}, not a folder; {fix}", path=p)
+        if self.is_run():
+            return
+        # .lock alone: an earlier `prb run` refused this (empty) folder after locking it
+        found = sorted(x.name for x in p.iterdir() if x.name != layout.LOCK)
+        if found:
+            more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+            raise InputError(
+                f"exists and is not a run directory (it holds {found[0]!r}{more}, not written "
+                f"by prb); `prb run` writes only into a new or empty folder or an earlier "
+                f"run, so nothing was written: {fix}",
+                path=p.resolve(),
+            )
+
+    def mark(self) -> None:
+        """Write the run's marker (once): this folder is a run, made by `prb run`."""
+        marker = self.path / layout.RUN_MARKER
+        if not marker.is_file():
+            write_json_atomic(marker, {"created_by": "prb run", "time": time.time()})
 
     # ---- annotation rounds ------------------------------------------------------------
     def round(self, number: int) -> Round:
@@ -226,10 +259,17 @@ class RunDir:
         return (self.release_dir / layout.RELEASE_ALL).is_dir()
 
 
+def _kind(path: Path) -> str:
+    from pipeline.config import path_kind
+
+    return path_kind(path) or "a link to nothing"
+
+
 def run_of(path: Path) -> RunDir | None:
     """The run a path belongs to: the run directory itself, or the run whose release,
-    report, eval or stage folder it is; None when it is none of these."""
-    path = Path(path)
+    report, eval or stage folder it is; None when it is none of these. Compared by real
+    path: a link to a run's release folder belongs to that run."""
+    path = Path(path).resolve()
     if path.is_dir() and RunDir(path).is_run():
         return RunDir(path)
     parent = path.parent

@@ -13,6 +13,7 @@ stage) instead of silently shrinking every later stage or a release.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import shutil
 import time
@@ -21,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import RunDirError, StageError
-from pipeline.io import file_digest, loads, write_json_atomic, write_jsonl_atomic
+from pipeline.io import (
+    crash_point,
+    file_digest,
+    loads,
+    read_json,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
 from pipeline.run import layout
 from pipeline.run.meta import Marker, StageMeta, Stats, read_meta
 
@@ -49,6 +57,12 @@ class StageDir:
     def meta(self) -> StageMeta | None:
         """``stage.json``; None before the stage first ran."""
         return read_meta(self.path / layout.STAGE_META, StageMeta, redo_hint(self.name))
+
+    @property
+    def interrupted_clear(self) -> bool:
+        """Whether a clear of this stage was killed half-way (see :meth:`clear`)."""
+        meta = self.meta
+        return meta is not None and meta.fingerprint == layout.CLEARING
 
     @property
     def done(self) -> bool:
@@ -180,13 +194,80 @@ class StageDir:
         return self
 
     # ---- changing the folder -----------------------------------------------------------
-    def clear(self) -> None:
-        """Remove the folder; renamed first so a crash never leaves a half-deleted stage."""
-        if not self.path.exists():
+    @staticmethod
+    def wrote(name: str) -> bool:
+        """Whether a file of this name in a stage folder is one a stage writes: its fixed
+        files, its shards, and the temporary files of either (pipeline/io.py)."""
+        if name.startswith(".") and name.endswith(".tmp"):
+            name = name[1:].rsplit(".", 2)[0]  # ".data-00001.jsonl.k3j9x.tmp"
+        return name in layout.STAGE_FILES or bool(layout.SHARD_RE.match(name))
+
+    def strangers(self) -> list[Path]:
+        """Files and folders in the stage folder that no stage wrote (a user's notes, a
+        survey put there by hand): a clear leaves them where they are."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p for p in self.path.iterdir() if not self.wrote(p.name))
+
+    def check_clearable(self) -> None:
+        """Refuse a clear that would leave a stranger the re-done stage reads as its own:
+        a shard-named file a finished stage's manifest does not list. Called before a run
+        changes anything, and again by :meth:`clear`."""
+        if not self.path.is_dir():
             return
-        trash = self.path.with_name(f"{layout.TRASH_PREFIX}{self.name}-{time.time_ns()}")
-        self.path.rename(trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        try:
+            marker = self.marker()
+        except RunDirError:
+            return  # a damaged marker lists nothing to trust: every shard is the stage's
+        if marker is None or marker.files is None:
+            return  # unfinished: the shards on disk are those this stage wrote
+        for p in sorted(self.path.iterdir()):
+            if layout.SHARD_RE.match(p.name) and p.name not in marker.files:
+                raise RunDirError(
+                    f"{p}: not written by this stage (its manifest {layout.STAGE_MARKER} "
+                    "does not list it), and a re-done stage would read it as its own data; "
+                    "move it out of the stage folder, then run the same command again",
+                    path=p,
+                )
+
+    def clear(self) -> list[Path]:
+        """Remove exactly the files the stage wrote; anything else stays (returned, so the
+        caller can say so). The folder goes too once nothing is left in it.
+
+        A finished stage's shards are those its manifest lists: a shard-named file beside
+        them was put there by someone else, and left in place it would be read as the new
+        stage's data, so the clear is refused naming it, with nothing removed.
+
+        Order makes a kill safe at any point: stage.json is first rewritten with a
+        fingerprint no setting produces (the next run re-does the stage whatever else it
+        finds), then the marker goes (nothing reads the stage as finished), the shards and
+        stats, and stage.json last."""
+        if not self.path.is_dir():
+            return []
+        self.check_clearable()
+        meta_path = self.path / layout.STAGE_META
+        if meta_path.is_file():
+            try:
+                old = read_json(meta_path)
+            except (ValueError, UnicodeDecodeError):
+                old = {}
+            clearing = old if isinstance(old, dict) else {}
+            write_json_atomic(meta_path, {**clearing, "stage": self.name,
+                                          "fingerprint": layout.CLEARING})  # fmt: skip
+        order = {layout.STAGE_MARKER: 0, layout.STAGE_META: 3}
+        ours = [p for p in self.path.iterdir() if self.wrote(p.name)]
+        for p in sorted(ours, key=lambda p: (order.get(p.name, 1 if p.is_file() else 2), p.name)):
+            crash_point(f"clear {self.name}/{p.name}")
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+        left = self.strangers()
+        if not left:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+        return left
 
     def clear_shards(self) -> None:
         """Remove data, rejects, stats and marker but keep stage.json (a stage that is
