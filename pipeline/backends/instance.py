@@ -108,5 +108,3 @@ def _number(schema: dict[str, Any], rng: random.Random, integer: bool) -> int | 
         return rng.randint(lo, max(lo, hi))
     value = min(max(round(rng.uniform(lo, hi), 2), lo), hi)
     return (lo + hi) / 2 if value in (xlo, xhi) else value
-
-
