@@ -33,7 +33,8 @@ from pipeline.llm import Answer, Failure, LLMRunner
 SCHEMA = {
     "type": "object",
     "properties": {
-        "score": {"type": "integer", "minimum": 1, "maximum": 5},
+        # an enum, as the stages' schemas have it: not every engine enforces minimum/maximum
+        "score": {"type": "integer", "enum": [1, 2, 3, 4, 5]},
         "reason": {"type": "string", "maxLength": 80},
     },
     "required": ["score", "reason"],
