@@ -14,16 +14,13 @@ import os
 import re
 import sys
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
 )
 
@@ -36,42 +33,14 @@ from pipeline.io import path_kind  # here too for its importers; it lives in io,
 from pipeline.redact import public_url, redact, register_names, register_value, url_secrets
 from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
 from pipeline.rules import default as rule_default
+from pipeline.section import Section
 
 STRATEGIES = ("avoid_all", "violate_one", "other_user")
 Strategy = Literal["avoid_all", "violate_one", "other_user"]
 
 
-def _numbers_only(annotation: Any) -> bool:
-    """Whether a field's type takes numbers (int or float) but not a bool."""
-    found: set[Any] = set()
-
-    def walk(t: Any) -> None:
-        args = get_args(t)
-        if args and get_origin(t) in (Union, UnionType, Annotated):
-            for a in args:
-                walk(a)
-        else:
-            found.add(t)
-
-    walk(annotation)
-    return bool(found & {int, float}) and bool not in found and Any not in found
-
-
-class _Section(BaseModel):
-    # inf and nan are never a setting: `timeout_s: .inf` made every request fail with an
-    # OverflowError far from the field that caused it
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_a_number(cls, v: Any, info: ValidationInfo) -> Any:
-        # pydantic reads true as 1 for an int field: `run.budget.requests=true` became a
-        # budget of one request. A number field takes numbers only.
-        if isinstance(v, bool) and info.field_name is not None:
-            field = cls.model_fields.get(info.field_name)
-            if field is not None and _numbers_only(field.annotation):
-                raise ValueError(f"must be a number, not {str(v).lower()}")
-        return v
+class _Section(Section):
+    """A section of the config (the rules every section keeps: pipeline/section.py)."""
 
 
 class BudgetSection(_Section):

@@ -18,8 +18,8 @@ from pipeline.config import load_config
 @pytest.mark.parametrize(
     "override",
     ["run.budget.requests=true", "run.budget.tokens=false", "run.budget.usd=true",
-     "backend.max_concurrency=true", "responses.n=true", "run.seed=false",
-     "backend.timeout_s=true"],
+     "backend.openai.max_concurrency=true", "responses.n=true", "run.seed=false",
+     "backend.openai.timeout_s=true"],
 )  # fmt: skip
 def test_a_bool_in_a_number_field_is_refused(tmp_path, server, capsys, override):
     cfg = write_config(tmp_path, server)

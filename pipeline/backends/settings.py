@@ -16,15 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.section import Section
 
 
-class Settings(BaseModel):
-    """A config section: unknown keys and inf/nan refused (as pipeline/config.py's)."""
-
-    # inf and nan are never a setting: `timeout_s: .inf` made every request fail with an
-    # OverflowError far from the field that caused it
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+class Settings(Section):
+    """A backend's config section: unknown keys, inf/nan and a bool for a number refused
+    (pipeline/section.py, as every section of pipeline/config.py)."""
 
     # the model a backend uses when backend.model is left out; None: the shared default
     default_model: ClassVar[str | None] = None
