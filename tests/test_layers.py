@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "foundation",
         ["pipeline", "pipeline.errors", "pipeline.ids", "pipeline.io", "pipeline.fields",
          "pipeline.redact", "pipeline.registry", "pipeline.resources", "pipeline.cliargs",
-         "pipeline.progress", "pipeline.run.layout"],
+         "pipeline.progress", "pipeline.run.layout", "pipeline.sourcehash"],
     ),
     (
         "types and rules",

@@ -45,6 +45,7 @@ def _file_digest(path: Path) -> str:
 
 class IngestStage(Stage):
     name = "ingest"
+    code = ("pipeline.stages.ingest", "pipeline.ingest", "pipeline.profile", "pipeline.fields", "pipeline.ids")
     writes = EXAMPLE_FIELDS
 
     def _inputs(self, ctx: Context) -> list[Path]:

@@ -171,7 +171,7 @@ class _Example:
 
 class ResponseStage(Stage):
     name = "responses"
-    requires = ("rubrics",)
+    code = ("pipeline.stages.responses", "pipeline.prompts", "pipeline.records", "pipeline.rules.text", "pipeline.fields", "pipeline.ids")
     reads = {
         "ingest": frozenset(
             {"example_id", "user_id", "question", "category", "profile", "profile_view"}

@@ -115,7 +115,7 @@ def _append(rows: list[dict], rejects: list[dict], row: dict | None, rej: dict |
 
 class RubricStage(Stage):
     name = "rubrics"
-    requires = ("ingest",)
+    code = ("pipeline.stages.rubrics", "pipeline.prompts", "pipeline.schemas", "pipeline.records", "pipeline.fields", "pipeline.ids")
     # what this stage reads of each example (checked against what ingest writes)
     reads = {
         "ingest": frozenset(

@@ -1,0 +1,131 @@
+"""The code behind a stage's rows is part of its fingerprint (pipeline/sourcehash.py):
+editing a module a stage names re-does that stage (and the later ones), the message names
+the module, an LLM stage re-done this way is answered from the request cache, and an edit
+to comments, docstrings or layout re-does nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import zipfile
+
+import pytest
+from conftest import write_config
+
+from pipeline import sourcehash
+from pipeline.cli import main
+from pipeline.stages import ORDER, STAGES
+
+ORIGINAL = sourcehash.read_source
+
+
+def _edit(monkeypatch, module: str, old: str, new: str) -> None:
+    """Make ``module``'s source, as the fingerprint reads it, have ``new`` for ``old``."""
+    text = ORIGINAL(module)
+    assert isinstance(text, str) and text.count(old) == 1, old
+    edited = text.replace(old, new)
+
+    def read(name: str) -> str | bytes:
+        return edited if name == module else ORIGINAL(name)
+
+    monkeypatch.setattr(sourcehash, "read_source", read)
+
+
+def _run(cfg, capsys) -> str:
+    assert main(["run", str(cfg), "--no-progress"]) == 0
+    return capsys.readouterr().err
+
+
+OVER_CAP = "        if n > self.cap:\n            return Hit(\n"
+
+
+def test_every_stage_names_its_own_module_and_modules_that_exist():
+    for name in ORDER:
+        stage = STAGES.get(name)()
+        assert type(stage).__module__ in stage.code, name
+        for module in stage.code:
+            assert importlib.util.find_spec(module) is not None, (name, module)
+        assert set(stage.code_fingerprint()) == set(stage.code)
+
+
+def test_comments_docstrings_and_layout_do_not_count_but_code_does():
+    base = 'def f(x):\n    """Doc."""\n    return x + 1  # one\n'
+    same = (
+        '"""A module docstring."""\n\n\ndef f(\n    x,\n):\n    """Another doc,\n    longer."""\n'
+        "    # a comment\n    return (x\n            + 1)\n"
+    )
+    assert sourcehash.normalised_source(base) == sourcehash.normalised_source(same)
+    for changed in (
+        base.replace("+ 1", "+ 2"),
+        base.replace("x + 1", "1 + x"),
+        base.replace("return x + 1", "return str(x + 1)"),
+        base + "\nLIMIT = 3\n",
+    ):
+        assert sourcehash.normalised_source(changed) != sourcehash.normalised_source(base)
+
+
+def test_source_is_read_through_the_import_system_not_the_checkout(tmp_path, monkeypatch):
+    # a module in a zip (as from a zipped install) hashes like the same source on disk
+    source = 'LIMIT = 3\n\n\ndef over(n):\n    """Over the limit."""\n    return n > LIMIT\n'
+    (tmp_path / "ondisk_rules.py").write_text(source)
+    with zipfile.ZipFile(tmp_path / "pkg.zip", "w") as z:
+        z.writestr("zipped_rules.py", "# zipped\n" + source)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg.zip"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "zipped_rules" not in sys.modules
+    assert sourcehash.source_hash("zipped_rules") == sourcehash.source_hash("ondisk_rules")
+    assert "zipped_rules" not in sys.modules  # read, never imported
+    with pytest.raises(sourcehash.PipelineError, match="'no_such_rules' is named as stage code"):
+        sourcehash.source_hash("no_such_rules")
+
+
+def test_a_change_to_a_rule_re_does_the_pair_stage_naming_the_module(
+    tmp_path, server, monkeypatch, capsys
+):
+    cfg = write_config(tmp_path, server)
+    _run(cfg, capsys)
+    pairs = tmp_path / "outputs" / "t" / "pairs" / "stage.json"
+    before = pairs.read_bytes()
+    sent = server.request_count
+
+    # a comment and a docstring in Rules.over_cap, and a reformatted line: nothing re-done
+    _edit(
+        monkeypatch,
+        "pipeline.rules.pair",
+        OVER_CAP,
+        '        """Over the cap, slack included."""\n'
+        "        # the slack keeps a near miss\n        if (\n            n > self.cap\n        ):\n"
+        "            return Hit(\n",
+    )
+    err = _run(cfg, capsys)
+    assert [f"[{n}] done, nothing to do" in err for n in ORDER] == [True] * len(ORDER)
+    assert pairs.read_bytes() == before
+
+    # the rule itself: the pair stage is re-done, and only it
+    _edit(monkeypatch, "pipeline.rules.pair", OVER_CAP, OVER_CAP.replace(">", ">="))
+    err = _run(cfg, capsys)
+    assert "[pairs] re-doing: the code of pipeline.rules.pair changed" in err
+    for name in ORDER[:-1]:
+        assert f"[{name}] done, nothing to do" in err
+    assert server.request_count == sent
+    assert pairs.read_bytes() != before
+
+
+def test_an_llm_stage_re_done_for_its_code_is_answered_from_the_cache(
+    tmp_path, server, monkeypatch, capsys
+):
+    cfg = write_config(tmp_path, server)
+    _run(cfg, capsys)
+    judge = tmp_path / "outputs" / "t" / "judge"
+    rows_before = (judge / "data-00000.jsonl").read_bytes()
+    sent = server.request_count
+
+    _edit(monkeypatch, "pipeline.stages.judge", "        ids = [c[", "        ids = list(ex.cands) and [c[")
+    err = _run(cfg, capsys)
+    assert "[judge] re-doing: the code of pipeline.stages.judge changed" in err
+    assert "[pairs] re-doing: stage 'judge' was re-done" in err
+    assert "[responses] done, nothing to do" in err
+    # every request came from the cache (the memo of finished rows keys on the code too)
+    assert server.request_count == sent
+    assert "sent 0, cached 384, failed 0" in err
+    assert (judge / "data-00000.jsonl").read_bytes() == rows_before
