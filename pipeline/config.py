@@ -118,6 +118,16 @@ class RunSection(_Section):
         return v
 
 
+def _shard_size(stage: str) -> Any:
+    """A stage's own shard size: every stage section has one, of the same default."""
+    return Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description=f"Examples per {stage} stage output shard (a crash loses at most one).",
+    )
+
+
 class InputSection(_Section):
     format: Literal["lamp", "generic", "hf"] = Field(
         "lamp",
@@ -138,6 +148,7 @@ class InputSection(_Section):
     limit: int | None = Field(
         None, ge=1, le=1_000_000_000, description="Read at most this many examples."
     )
+    chunk_size: int = _shard_size("ingest")
 
 
 class VLLMSection(_Section):
@@ -391,6 +402,7 @@ class RubricsSection(_Section):
         description="Re-asks, with the reason, when merging near-duplicate aspects leaves "
         "fewer than min_items.",
     )
+    chunk_size: int = _shard_size("rubrics")
 
 
 class ResponsesSection(_Section):
@@ -408,12 +420,7 @@ class ResponsesSection(_Section):
     sampling: SamplingSection = Field(
         default_factory=SamplingSection, description="Sampling for chosen and rejected answers."
     )
-    chunk_size: int = Field(
-        256,
-        ge=1,
-        le=1_000_000,
-        description="Examples per output shard (a crash loses at most one chunk).",
-    )
+    chunk_size: int = _shard_size("responses")
 
     @field_validator("strategies")
     @classmethod
@@ -446,6 +453,7 @@ class JudgeSection(_Section):
         description="Chosen x rejected combinations per example sent to the pairwise judge, "
         "best pointwise margin first.",
     )
+    chunk_size: int = _shard_size("judge")
 
 
 class PairsSection(_Section):
@@ -570,6 +578,7 @@ class PairsSection(_Section):
         default_factory=lambda: list(DEFAULT_REFUSAL_PATTERNS),
         description="Regexes (case-insensitive) that mark a refusal.",
     )
+    chunk_size: int = _shard_size("pairs")
 
     @field_validator("filters")
     @classmethod

@@ -68,10 +68,12 @@ def _contents(run_dir: Path) -> dict[str, list[str]]:
 
 def test_a_kill_at_every_write_point_resumes_to_the_same_output(tmp_path, server):
     cfg_args = dict(
-        input={"limit": 3},
+        input={"limit": 3, "chunk_size": 1},  # every stage a shard per example
         backend={"max_concurrency": 1},  # answers arrive one at a time: the same points each run
+        rubrics={"chunk_size": 1},
         responses={"n": 1, "strategies": ["avoid_all", "violate_one"], "chunk_size": 1},
-        judge={"max_pairs_per_example": 1},
+        judge={"max_pairs_per_example": 1, "chunk_size": 1},
+        pairs={"chunk_size": 1},
     )
     cfg = write_config(tmp_path, server, **cfg_args)
     base = load_config(cfg)

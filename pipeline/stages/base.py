@@ -208,6 +208,11 @@ class Stage(abc.ABC):
         read = [n for n in ORDER if n in self.reads]
         return (read[-1],) if read else ()
 
+    def shard_size(self, ctx: Context) -> int:
+        """Examples per output shard: the ``chunk_size`` of this stage's own config section
+        (each stage sizes its own shards)."""
+        return int(getattr(ctx.config, self.name).chunk_size)
+
     def code_fingerprint(self) -> dict[str, str]:
         """module -> hash of its normalised source, for every module in :attr:`code`."""
         return source_hashes(self.code)

@@ -56,6 +56,9 @@ class IngestStage(Stage):
             if p is not None
         ]
 
+    def shard_size(self, ctx: Context) -> int:
+        return ctx.config.input.chunk_size
+
     def settings(self, ctx: Context) -> dict[str, Any]:
         digests = {str(p): _file_digest(p) for p in self._inputs(ctx) if p.exists()}
         return {
@@ -94,7 +97,7 @@ class IngestStage(Stage):
 
         # resumable like every stage: examples already in a shard are not written again
         done = out.done_examples()
-        chunk = ctx.config.responses.chunk_size
+        chunk = self.shard_size(ctx)
         buffer: list[dict] = []
         cats: dict[str, int] = {}
         users: set[str] = set()

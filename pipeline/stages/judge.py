@@ -228,7 +228,7 @@ class JudgeStage(Stage):
                 ctx.cache.put_derived_many(memo_new)
                 memo_new = []
 
-        loop = ExampleLoop(out, c.responses.chunk_size, after_flush=store_memos)
+        loop = ExampleLoop(out, self.shard_size(ctx), after_flush=store_memos)
 
         def jobs(runner: LLMRunner) -> Iterator[Job]:
             nonlocal memo_hits

@@ -197,7 +197,7 @@ class PairStage(Stage):
                 drops.setdefault(ex_id, (f.name, why))
         del views
 
-        chunk = ctx.config.responses.chunk_size
+        chunk = self.shard_size(ctx)
         buffer: list[dict] = []
         set_rejects: list[dict] = []
         for row in _read_lines(kept_tmp):

@@ -381,7 +381,7 @@ class ResponseStage(Stage):
         per_example = 1 + sum(c.responses.n if s == "violate_one" else 1
                               for s in c.responses.strategies)  # fmt: skip
         todo = len(rubrics) - len(done & rubrics.keys())
-        loop = ExampleLoop(out, c.responses.chunk_size)
+        loop = ExampleLoop(out, self.shard_size(ctx))
 
         def jobs() -> Iterator[Job]:
             # examples stream from the ingest shards; only those in flight are held

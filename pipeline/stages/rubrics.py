@@ -182,7 +182,7 @@ class RubricStage(Stage):
     def _given(self, ctx: Context, out: StageDir, examples: Any, resumed: int) -> dict:
         rows: list[dict] = []
         rejects: list[dict] = []
-        chunk = ctx.config.responses.chunk_size
+        chunk = self.shard_size(ctx)
         for ex in examples:
             aspects = ex.get("rubric_aspects")
             if not aspects:
@@ -225,7 +225,7 @@ class RubricStage(Stage):
         def validate(req: ChatRequest, text: str) -> Any:
             return schemas.parse(schema, text)
 
-        loop = ExampleLoop(out, c.responses.chunk_size)
+        loop = ExampleLoop(out, self.shard_size(ctx))
         reasked = 0
 
         def jobs() -> Any:
