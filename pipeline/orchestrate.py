@@ -85,12 +85,14 @@ def explain_change(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> 
     old_code, new_code = old.get("code") or {}, new.get("code") or {}
     a = _flatten({k: v for k, v in old.items() if k != "code"})
     b = _flatten({k: v for k, v in new.items() if k != "code"})
-    changed = [
-        f"the code of {m} changed" if m in old_code and m in new_code else f"its code now includes {m}"
-        if m in new_code else f"its code no longer includes {m}"
-        for m in sorted(set(old_code) | set(new_code))
-        if old_code.get(m) != new_code.get(m)
-    ]
+    changed = []
+    for m in sorted(set(old_code) | set(new_code)):
+        if m not in new_code:
+            changed.append(f"its code no longer includes {m}")
+        elif m not in old_code:
+            changed.append(f"its code now includes {m}")
+        elif old_code[m] != new_code[m]:
+            changed.append(f"the code of {m} changed")
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             if key.startswith("upstream."):

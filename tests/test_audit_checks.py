@@ -385,7 +385,8 @@ def test_check_row_runs_the_catalogue(monkeypatch):
     monkeypatch.setitem(CHECKS, "same_length", pair_level)
     loud = {"chosen": "STOP NOW.", "rejected": "STOP NOW.", "category": "c"}
     assert sorted(flags_of(loud)) == [
-        ("identical", None), ("same_length", None), ("shouting", "chosen"), ("shouting", "rejected"),
+        ("identical", None), ("same_length", None),
+        ("shouting", "chosen"), ("shouting", "rejected"),
     ]  # fmt: skip
     # an answer with no visible text gets its `empty` flag and none of its own other checks,
     # and the checks on both answers' text do not run

@@ -286,7 +286,9 @@ def test_a_cycle_through_a_packages_own_init_is_a_cycle(monkeypatch, tmp_path):
                 "from pipeline.fakepkg import LIMIT\n\n\nclass Worker:\n    limit = LIMIT\n"
             ),
             # an import at module level inside `try` runs at import time too
-            "pipeline.fakepkg.other": "try:\n    from pipeline.fakepkg import LIMIT\nexcept ImportError:\n    pass\n",
+            "pipeline.fakepkg.other": (
+                "try:\n    from pipeline.fakepkg import LIMIT\nexcept ImportError:\n    pass\n"
+            ),
         },
     )
     graph = import_graph()

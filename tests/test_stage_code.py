@@ -94,7 +94,8 @@ def test_a_change_to_a_rule_re_does_the_pair_stage_naming_the_module(
         "pipeline.rules.pair",
         OVER_CAP,
         '        """Over the cap, slack included."""\n'
-        "        # the slack keeps a near miss\n        if (\n            n > self.cap\n        ):\n"
+        "        # the slack keeps a near miss\n"
+        "        if (\n            n > self.cap\n        ):\n"
         "            return Hit(\n",
     )
     err = _run(cfg, capsys)
@@ -120,7 +121,8 @@ def test_an_llm_stage_re_done_for_its_code_is_answered_from_the_cache(
     rows_before = (judge / "data-00000.jsonl").read_bytes()
     sent = server.request_count
 
-    _edit(monkeypatch, "pipeline.stages.judge", "        ids = [c[", "        ids = list(ex.cands) and [c[")
+    same_rows = "        ids = list(ex.cands) and [c["  # another way to write the same
+    _edit(monkeypatch, "pipeline.stages.judge", "        ids = [c[", same_rows)
     err = _run(cfg, capsys)
     assert "[judge] re-doing: the code of pipeline.stages.judge changed" in err
     assert "[pairs] re-doing: stage 'judge' was re-done" in err

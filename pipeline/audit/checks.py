@@ -375,10 +375,11 @@ def check_row(
             continue
         live += 1
         for check in CHECKS.values():
-            if check.side is not None and check is not gate:
-                if hit := check.side(rules, row, side):
-                    _flag(flags, ids, cats, i, check.code, hit, side)
-                    fired.add(check.code)
+            if check.side is None or check is gate:
+                continue
+            if hit := check.side(rules, row, side):
+                _flag(flags, ids, cats, i, check.code, hit, side)
+                fired.add(check.code)
     # in catalogue order, so a check another one defers to (``unless``) has run first
     for check in CHECKS.values():
         if check.row is None or check.unless in fired:

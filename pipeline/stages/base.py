@@ -15,7 +15,7 @@ from pipeline.chat import ChatRequest
 from pipeline.config import Config
 from pipeline.errors import StageError
 from pipeline.llm import LLMRunner
-from pipeline.run import RunDir, StageDir, ShardIndex
+from pipeline.run import RunDir, ShardIndex, StageDir
 from pipeline.sourcehash import source_hashes
 from pipeline.stages import ORDER
 
@@ -43,7 +43,9 @@ class UpstreamRow(dict):
 
     __slots__ = ("_declared", "_stage", "_upstream")
 
-    def __init__(self, row: Mapping[str, Any], stage: str, upstream: str, declared: AbstractSet[str]):
+    def __init__(
+        self, row: Mapping[str, Any], stage: str, upstream: str, declared: AbstractSet[str]
+    ) -> None:
         super().__init__((k, v) for k, v in row.items() if k in declared)
         self._declared = declared
         self._stage = stage
@@ -54,7 +56,7 @@ class UpstreamRow(dict):
             raise KeyError(key)
         raise UndeclaredRead(self._stage, self._upstream, key)
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         if key not in self._declared:
             raise UndeclaredRead(self._stage, self._upstream, key)
         return dict.get(self, key, default)
@@ -63,7 +65,7 @@ class UpstreamRow(dict):
 class UpstreamIndex:
     """:class:`ShardIndex` of an upstream stage, its rows seen through :class:`UpstreamRow`."""
 
-    def __init__(self, index: ShardIndex, view: Callable[[Mapping[str, Any]], UpstreamRow]):
+    def __init__(self, index: ShardIndex, view: Callable[[Mapping[str, Any]], UpstreamRow]) -> None:
         self._index = index
         self._view = view
 

@@ -45,7 +45,10 @@ def _file_digest(path: Path) -> str:
 
 class IngestStage(Stage):
     name = "ingest"
-    code = ("pipeline.stages.ingest", "pipeline.ingest", "pipeline.profile", "pipeline.fields", "pipeline.ids")
+    code = (
+        "pipeline.stages.ingest", "pipeline.ingest", "pipeline.profile", "pipeline.fields",
+        "pipeline.ids",
+    )  # fmt: skip
     writes = EXAMPLE_FIELDS
 
     def _inputs(self, ctx: Context) -> list[Path]:

@@ -74,7 +74,10 @@ class _Judged:
 
 class JudgeStage(Stage):
     name = "judge"
-    code = ("pipeline.stages.judge", "pipeline.prompts", "pipeline.schemas", "pipeline.rules.verdicts", "pipeline.fields", "pipeline.ids")
+    code = (
+        "pipeline.stages.judge", "pipeline.prompts", "pipeline.schemas",
+        "pipeline.rules.verdicts", "pipeline.fields", "pipeline.ids",
+    )  # fmt: skip
     reads = {
         "ingest": frozenset({"example_id", "question"}),
         "rubrics": frozenset({"example_id", "items"}),

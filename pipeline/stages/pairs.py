@@ -25,8 +25,8 @@ from pipeline.filters import FILTERS, PairFilter, PairView, word_similarity
 from pipeline.ids import pair_id
 from pipeline.io import dumps, loads
 from pipeline.records import PAIR_RECORD_FIELDS
-from pipeline.rules.verdicts import margin as pair_margin
 from pipeline.rules import Rules
+from pipeline.rules.verdicts import margin as pair_margin
 from pipeline.rules.verdicts import prefers
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
