@@ -37,11 +37,16 @@ class _Inert(ast.NodeTransformer):
 
 
 def _dump(node: object) -> str:
-    """A node as text: its type and fields, recursively, without positions. Written here,
-    not with ``ast.dump``, whose output changed between Python versions (3.13 leaves out
-    empty fields) and would re-do every stage after an upgrade."""
+    """A node as text: its type and its fields by name, recursively, without positions.
+    Empty fields (None, []) are left out, so a field a newer Python adds to a node
+    (``type_params`` in 3.12) does not change the text of code that does not use it; written
+    here because ``ast.dump``'s own output changes between versions."""
     if isinstance(node, ast.AST):
-        fields = ",".join(f"{f}={_dump(getattr(node, f, None))}" for f in node._fields)
+        fields = ",".join(
+            f"{f}={_dump(v)}"
+            for f in node._fields
+            if (v := getattr(node, f, None)) is not None and v != []
+        )
         return f"{type(node).__name__}({fields})"
     if isinstance(node, list):
         return "[" + ",".join(_dump(x) for x in node) + "]"
