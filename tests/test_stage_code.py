@@ -6,6 +6,7 @@ to comments, docstrings or layout re-does nothing."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import zipfile
 
@@ -131,6 +132,30 @@ def test_an_llm_stage_re_done_for_its_code_is_answered_from_the_cache(
     assert server.request_count == sent
     assert "sent 0, cached 384, failed 0" in err
     assert (judge / "data-00000.jsonl").read_bytes() == rows_before
+    # the judge's memo of finished rows holds its code in the key: the rows were rebuilt
+    # from the cached answers, not taken whole from memos made by the old code
+    stats = json.loads((judge / "stats.json").read_text())
+    assert stats["rows_from_cache"] == 0
+    # the same code again: the memos made by this code serve every row
+    assert main(["run", str(cfg), "--no-progress", "--redo", "judge"]) == 0
+    stats = json.loads((judge / "stats.json").read_text())
+    assert stats["rows_from_cache"] == 12
+    assert server.request_count == sent
+
+
+def test_the_message_of_a_stage_finished_before_its_code_was_recorded():
+    from pipeline.orchestrate import explain_change
+
+    old = {"pairs": {"quality_floor": 4}, "upstream": {"judge": "a"}}
+    new = {**old, "code": {"pipeline.filters": "1", "pipeline.rules.pair": "2"}}
+    assert explain_change(old, new) == "finished by a version that did not record its code"
+    newer = {**new, "code": {"pipeline.filters": "1", "pipeline.rules.pair": "3"}}
+    assert explain_change(new, newer) == "the code of pipeline.rules.pair changed"
+    moved = {**new, "code": {"pipeline.filters": "1", "pipeline.rules.other": "2"}}
+    assert explain_change(new, moved) == (
+        "its code now includes pipeline.rules.other; its code no longer includes "
+        "pipeline.rules.pair"
+    )
 
 
 def test_a_field_a_newer_python_adds_to_a_node_changes_nothing(monkeypatch):

@@ -22,7 +22,9 @@ from pipeline.stages import ORDER
 
 class UndeclaredRead(StageError, KeyError):
     """A stage read a field of an upstream row that it does not declare in its ``reads``:
-    a bug in the stage (its code and its declaration disagree), raised at the read."""
+    a bug in the stage (its code and its declaration disagree), raised at the read. A
+    ``KeyError`` too, as a missing key is; so stage code never catches ``KeyError`` around
+    an upstream read (it would hide this)."""
 
     def __init__(self, stage: str, upstream: str, key: object) -> None:
         self.stage, self.upstream, self.key = stage, upstream, key
