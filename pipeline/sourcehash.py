@@ -25,37 +25,48 @@ from pipeline.errors import PipelineError
 __all__ = ["normalised_source", "read_source", "source_hash", "source_hashes"]
 
 
-class _Inert(ast.NodeTransformer):
-    """Takes out statements that do nothing: docstrings and any other bare constant (a
-    string used as a comment), and ``pass``."""
-
-    def visit_Expr(self, node: ast.Expr) -> ast.AST | None:
-        return None if isinstance(node.value, ast.Constant) else self.generic_visit(node)
-
-    def visit_Pass(self, node: ast.Pass) -> None:
-        return None
+def _inert(node: object) -> bool:
+    """A statement that does nothing: a docstring or any other bare constant (a string
+    used as a comment), or ``pass``."""
+    return isinstance(node, ast.Pass) or (
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    )
 
 
-def _dump(node: object) -> str:
-    """A node as text: its type and its fields by name, recursively, without positions.
-    Empty fields (None, []) are left out, so a field a newer Python adds to a node
-    (``type_params`` in 3.12) does not change the text of code that does not use it; written
-    here because ``ast.dump``'s own output changes between versions."""
+def _write(node: object, out: list[str]) -> None:
+    """A node as text into ``out``: its type and its fields by name, recursively, without
+    positions and without inert statements. Empty fields (None, []) are left out, so a
+    field a newer Python adds to a node (``type_params`` in 3.12) does not change the text
+    of code that does not use it; written here because ``ast.dump``'s own output changes
+    between versions."""
     if isinstance(node, ast.AST):
-        fields = ",".join(
-            f"{f}={_dump(v)}"
-            for f in node._fields
-            if (v := getattr(node, f, None)) is not None and v != []
-        )
-        return f"{type(node).__name__}({fields})"
-    if isinstance(node, list):
-        return "[" + ",".join(_dump(x) for x in node) + "]"
-    return repr(node)
+        out.append(type(node).__name__)
+        out.append("(")
+        for f in node._fields:
+            v = getattr(node, f, None)
+            if v is None or (type(v) is list and not v):
+                continue
+            out.append(f)
+            out.append("=")
+            _write(v, out)
+            out.append(",")
+        out.append(")")
+    elif type(node) is list:
+        out.append("[")
+        for x in node:
+            if not _inert(x):
+                _write(x, out)
+                out.append(",")
+        out.append("]")
+    else:
+        out.append(repr(node))
 
 
 def normalised_source(source: str) -> str:
     """``source`` with comments, docstrings and formatting taken out (its syntax tree)."""
-    return _dump(_Inert().visit(ast.parse(source)))
+    out: list[str] = []
+    _write(ast.parse(source), out)
+    return "".join(out)
 
 
 @functools.lru_cache(maxsize=256)
