@@ -120,6 +120,16 @@ class RunSection(_Section):
         return v
 
 
+def _shard_size(stage: str) -> Any:
+    """A stage's own shard size: every stage section has one, of the same default."""
+    return Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description=f"Examples per {stage} stage output shard (a crash loses at most one).",
+    )
+
+
 class InputSection(_Section):
     format: str = Field(
         "lamp",
@@ -157,6 +167,7 @@ class InputSection(_Section):
     limit: int | None = Field(
         None, ge=1, le=1_000_000_000, description="Read at most this many examples."
     )
+    chunk_size: int = _shard_size("ingest")
 
     @field_validator("format")
     @classmethod
@@ -237,6 +248,7 @@ class RubricsSection(_Section):
         description="Re-asks, with the reason, when merging near-duplicate aspects leaves "
         "fewer than min_items.",
     )
+    chunk_size: int = _shard_size("rubrics")
 
 
 class ResponsesSection(_Section):
@@ -254,12 +266,7 @@ class ResponsesSection(_Section):
     sampling: SamplingSection = Field(
         default_factory=SamplingSection, description="Sampling for chosen and rejected answers."
     )
-    chunk_size: int = Field(
-        256,
-        ge=1,
-        le=1_000_000,
-        description="Examples per output shard (a crash loses at most one chunk).",
-    )
+    chunk_size: int = _shard_size("responses")
 
     @field_validator("strategies")
     @classmethod
@@ -292,6 +299,7 @@ class JudgeSection(_Section):
         description="Chosen x rejected combinations per example sent to the pairwise judge, "
         "best pointwise margin first.",
     )
+    chunk_size: int = _shard_size("judge")
 
 
 class PairsSection(_Section):
@@ -416,6 +424,7 @@ class PairsSection(_Section):
         default_factory=lambda: list(DEFAULT_REFUSAL_PATTERNS),
         description="Regexes (case-insensitive) that mark a refusal.",
     )
+    chunk_size: int = _shard_size("pairs")
 
     @field_validator("filters")
     @classmethod

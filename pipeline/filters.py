@@ -49,10 +49,10 @@ class PairFilter:
     name: ClassVar[str]
     set_level: ClassVar[bool] = False
 
-    def __init__(self, pairs_cfg: Any, word_cap: int) -> None:
-        self.cfg = pairs_cfg
-        self.word_cap = word_cap
-        self.rules = Rules.from_config(pairs_cfg, word_cap)
+    def __init__(self, rules: Rules) -> None:
+        # one Rules per run, shared by every filter (``Rules.from_config`` of the run's
+        # ``pairs`` section and ``responses.word_cap``)
+        self.rules = rules
 
     def check(self, pair: PairView) -> Verdict:
         """Keep, or drop with a reason (filters over one pair)."""
@@ -314,8 +314,8 @@ class NearDuplicate(PairFilter):
         ]
         dups = personal_duplicates(
             light,
-            question_threshold=self.cfg.dedup_question_threshold,
-            answer_threshold=self.cfg.dedup_answer_threshold,
-            profile_threshold=self.cfg.dedup_profile_threshold,
+            question_threshold=self.rules.dedup_question_threshold,
+            answer_threshold=self.rules.dedup_answer_threshold,
+            profile_threshold=self.rules.dedup_profile_threshold,
         )
         return {ex_id: d.describe() for ex_id, d in dups.items()}

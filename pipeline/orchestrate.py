@@ -94,8 +94,20 @@ def shown_value(value: Any, width: int = SHOWN_VALUE_CHARS) -> str:
 
 def explain_change(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
     """Human-readable list of the settings that differ between two stage runs."""
-    a, b = _flatten(old), _flatten(new)
+    if "code" in new and "code" not in old:
+        return "finished by a version that did not record its code"
+    # module names hold dots: the code's entries are compared whole, not flattened
+    old_code, new_code = old.get("code") or {}, new.get("code") or {}
+    a = _flatten({k: v for k, v in old.items() if k != "code"})
+    b = _flatten({k: v for k, v in new.items() if k != "code"})
     changed = []
+    for m in sorted(set(old_code) | set(new_code)):
+        if m not in new_code:
+            changed.append(f"its code no longer includes {m}")
+        elif m not in old_code:
+            changed.append(f"its code now includes {m}")
+        elif old_code[m] != new_code[m]:
+            changed.append(f"the code of {m} changed")
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):
             if key.startswith("upstream."):
@@ -185,6 +197,9 @@ def make_plan(
         sd = rd.stage(name)
         settings = stage.settings(ctx)
         settings["upstream"] = {u: ctx.fingerprints[u] for u in stage.requires}
+        # the code that decides its rows: editing it re-does the stage (LLM stages answer
+        # from the request cache, as their requests are unchanged)
+        settings["code"] = stage.code_fingerprint()
         fp = content_hash(settings)
         ctx.fingerprints[name] = fp
         if redo is not None and name in plan and ORDER.index(name) >= ORDER.index(redo):

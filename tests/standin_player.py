@@ -3,9 +3,11 @@
 It is not a model. It reads the prompts the pipeline sends (``prompts/*.j2``) and answers
 them the way a simple, consistent model would, from word overlap alone:
 
-- generation prompts ("Question:" plus lists of points): an answer with one sentence per
-  point it is asked to cover (the point's content words, reordered: never the point's own
-  text, which the pair stage would drop as an echo of the rubric), padded with generic
+- generation prompts ("Question:" plus lists of points): an answer that names its topic in
+  a word or two of the question (never the whole question), with one of several openings,
+  and one sentence per point it is asked to cover (the point's content words, reordered:
+  never the point's own text, which the pair stage would drop as an echo of the rubric),
+  padded with generic
   advice that shares no content word with the points it is asked to avoid; at most
   ``max_points`` points are covered (a small model's attention span), within the prompt's
   "at most N words", ending at a sentence end;
@@ -115,6 +117,27 @@ _FILLER = (
     "Leave room for rest so the habit does not burn you out.",
     "Focus on the next step, not on the whole road.",
 )
+# How a generated answer names its topic: a model varies its openings and refers to the
+# question in a word or two; it does not open every answer the same way or repeat the
+# question. ``{t}``: one or two adjacent content words of the question.
+_TOPIC_SENTENCES = (
+    "When it comes to {t}, a few things help.",
+    "{T} gets easier with a plan.",
+    "A good way into {t} is to start small.",
+    "There are a few ways to approach {t}.",
+    "My advice on {t} is to keep it practical.",
+    "With {t}, the details matter more than the gear.",
+    "Here is what I would try for {t}.",
+    "{T} is more manageable than it looks.",
+    "Most people overthink {t} at first.",
+    "It helps to treat {t} as a series of small steps.",
+)
+# content words that do not name a topic
+_NOT_TOPICS = frozenset(
+    """without within want wants need needs best good better right rather someone something
+    anything looking know think feel find start keep much many lot lots ever always never
+    still already tips advice help look approach realistic""".split()
+)
 _SWAP = {
     "i": "you", "i'm": "you're", "i've": "you've", "i'd": "you'd", "i'll": "you'll",
     "me": "you", "my": "your", "mine": "yours", "myself": "yourself", "am": "are",
@@ -207,6 +230,32 @@ def paraphrase(point: str, rng: random.Random) -> str:
     if not second:
         return sentence(f"Think about {first} early on")
     return sentence(rng.choice(_PARAPHRASES).format(a=first, b=second))
+
+
+def topic_words(question: str, rng: random.Random) -> str:
+    """One or two adjacent content words of the question: how an answer names its topic
+    (an answer that shares none of the question's words reads as off topic)."""
+    words = WORD_RE.findall(question)
+    runs: list[list[str]] = [[]]
+    for w in words:
+        low = w.lower()
+        if low in STOPWORDS or low in _NOT_TOPICS or stem(w) in GENERIC_VERBS or len(w) < 4:
+            if runs[-1]:
+                runs.append([])
+        else:
+            runs[-1].append(low)
+    # the longer runs of content words name the topic ("drawing hands", "morning routine")
+    runs = sorted((r for r in runs if r), key=len, reverse=True)[:2]
+    if not runs:
+        return "this"
+    run = rng.choice(runs)
+    start = rng.randrange(max(1, len(run) - 1))
+    return " ".join(run[start : start + 2])
+
+
+def topic_sentence(question: str, rng: random.Random) -> str:
+    t = topic_words(question, rng)
+    return rng.choice(_TOPIC_SENTENCES).format(t=t, T=t[:1].upper() + t[1:])
 
 
 def sentence(text: str) -> str:
@@ -705,15 +754,15 @@ class ModelPlayer:
         cover, avoid = p.point_lists()
         q = set(content_stems(p.question))
         forbidden = {s for point in avoid for s in content_stems(point, drop=q)}
-        question = second_person(p.question).replace("?", "").strip()
-        question = question[:1].lower() + question[1:]
-        intro = sentence(f"Here is how I would go about it: {question}")
+        intro = topic_sentence(p.question, rng)
         body = [paraphrase(point, rng) for point in cover[: self.max_points]]
         top = cap if cap is not None else 100
         target = rng.randint(max(1, int(top * 0.65)), max(1, int(top * 0.85)))
         pool = [s for s, st in _filler_stems() if not (st & forbidden)]
         rng.shuffle(pool)
-        sentences = [intro, *body]
+        # the topic sentence opens most answers; some open with their first point instead
+        at = 1 if body and rng.random() < 0.3 else 0
+        sentences = [*body[:at], intro, *body[at:]]
         words = count_words(" ".join(sentences))
         for s in pool:
             if words >= target:

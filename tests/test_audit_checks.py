@@ -352,3 +352,47 @@ def test_users_asking_the_same_question_are_not_duplicates(tmp_path):
     flags = (tmp_path / "o3" / "flags.jsonl").read_text().splitlines()
     near = [json.loads(x) for x in flags if '"near_duplicate"' in x]
     assert [f["id"] for f in near] == ["u2-again"] and "u2" in near[0]["detail"]
+
+
+def test_check_row_runs_the_catalogue(monkeypatch):
+    from pipeline.audit.checks import CHECKS, Check, check_row
+    from pipeline.rules import Hit, Rules
+
+    # every per-pair check says how it runs; only the set-level ones run elsewhere
+    for c in CHECKS.values():
+        assert (c.side is not None or c.row is not None) == (c.kind != "set"), c.code
+
+    long = " ".join(["word"] * 120) + "."
+    row = {"chosen": long, "rejected": "Short and finished.", "category": "c"}
+
+    def flags_of(r):
+        flags: list[dict] = []
+        check_row(flags, 0, r, Rules(), ["r0"], ["c"])
+        return [(f["check"], f["side"]) for f in flags]
+
+    assert flags_of(row) == [("over_cap", "chosen")]
+    # a check added to the catalogue runs, on each answer or on the row, with no other edit
+    shouts = Check(
+        "shouting", "Shouting", "text", "an answer in capitals", None,
+        side=lambda rules, r, side: Hit("shouts", "") if r.texts[side].isupper() else None,
+    )  # fmt: skip
+    pair_level = Check(
+        "same_length", "Same length", "text", "both answers as long", None,
+        row=lambda rules, r: Hit("same", "") if r.n_words("chosen") == r.n_words("rejected")
+        and len(r.texts["chosen"]) == len(r.texts["rejected"]) else None,
+    )  # fmt: skip
+    monkeypatch.setitem(CHECKS, "shouting", shouts)
+    monkeypatch.setitem(CHECKS, "same_length", pair_level)
+    loud = {"chosen": "STOP NOW.", "rejected": "STOP NOW.", "category": "c"}
+    assert sorted(flags_of(loud)) == [
+        ("identical", None), ("same_length", None),
+        ("shouting", "chosen"), ("shouting", "rejected"),
+    ]  # fmt: skip
+    # an answer with no visible text gets its `empty` flag and none of its own other checks,
+    # and the checks on both answers' text do not run
+    assert sorted(flags_of({**loud, "rejected": "  "})) == [
+        ("empty", "rejected"), ("shouting", "chosen"),
+    ]  # fmt: skip
+    # and a check taken out of the catalogue no longer runs
+    monkeypatch.delitem(CHECKS, "over_cap")
+    assert flags_of(row) == []

@@ -30,8 +30,11 @@ ID_KEYS = {
 }
 PRICES = {"input_usd_per_million": 0.5, "output_usd_per_million": 2.0}
 SETTINGS = dict(
+    input={"chunk_size": 1},  # every stage a shard per example
+    rubrics={"chunk_size": 1},
     responses={"n": 2, "strategies": ["avoid_all", "violate_one"], "chunk_size": 1},
-    judge={"max_pairs_per_example": 2},
+    judge={"max_pairs_per_example": 2, "chunk_size": 1},
+    pairs={"chunk_size": 1},
 )
 
 

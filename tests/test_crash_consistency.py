@@ -97,10 +97,12 @@ def sample(points: list[str]) -> list[int]:
 
 def _kill_and_resume(tmp_path: Path, server, every: bool) -> None:
     cfg_args = dict(
-        input={"limit": 3},
+        input={"limit": 3, "chunk_size": 1},  # every stage a shard per example
         backend={"max_concurrency": 1},  # answers arrive one at a time: the same points each run
+        rubrics={"chunk_size": 1},
         responses={"n": 1, "strategies": ["avoid_all", "violate_one"], "chunk_size": 1},
-        judge={"max_pairs_per_example": 1},
+        judge={"max_pairs_per_example": 1, "chunk_size": 1},
+        pairs={"chunk_size": 1},
     )
     cfg = write_config(tmp_path, server, **cfg_args)
     base = load_config(cfg)

@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.config import PairsSection
 from pipeline.filters import FILTERS, PairView, word_similarity
+from pipeline.rules import Rules
 
 ITEMS = [{"item_id": "a1", "aspect": "x"}, {"item_id": "a2", "aspect": "y"}]
 CHOSEN_TEXT = (
@@ -53,7 +54,7 @@ def good_pair() -> PairView:
 
 
 def run(name: str, pair: PairView, **cfg):
-    f = FILTERS.get(name)(PairsSection(**cfg), 100)
+    f = FILTERS.get(name)(Rules.from_config(PairsSection(**cfg), 100))
     return f.check(pair)
 
 
@@ -164,7 +165,7 @@ def test_near_duplicate_set_filter():
     """Within one user: a repeated question and an answer reused across questions drop the
     later example. (Until the rule learnt about users these rows carried no user_id and
     the whole set counted as one user; they now say so explicitly.)"""
-    f = FILTERS.get("near_duplicate")(PairsSection(), 100)
+    f = FILTERS.get("near_duplicate")(Rules.from_config(PairsSection(), 100))
     base = "how do i keep my sourdough starter alive while travelling for two weeks"
     rows = [
         {
@@ -234,7 +235,7 @@ def _users_asking_the_same_question() -> list[dict]:
 
 
 def test_near_duplicate_keeps_distinct_users_asking_the_same_question():
-    f = FILTERS.get("near_duplicate")(PairsSection(), 100)
+    f = FILTERS.get("near_duplicate")(Rules.from_config(PairsSection(), 100))
     rows = _users_asking_the_same_question()
     assert f.apply(rows) == {}
     # old callers without profiles: distinct user ids alone keep them apart too
@@ -245,7 +246,7 @@ def test_near_duplicate_keeps_distinct_users_asking_the_same_question():
 
 
 def test_near_duplicate_drops_the_same_user_asking_twice():
-    f = FILTERS.get("near_duplicate")(PairsSection(), 100)
+    f = FILTERS.get("near_duplicate")(Rules.from_config(PairsSection(), 100))
     rows = _users_asking_the_same_question()
     again = {**rows[2], "example_id": "e9", "chosen": "Another personal answer for user 2."}
     drops = f.apply([*rows, again])
@@ -258,7 +259,7 @@ def test_near_duplicate_drops_the_same_user_asking_twice():
 def test_near_duplicate_same_pair_for_two_users_is_a_duplicate():
     """One shared answer across users is kept (above); both answers repeated with the
     same winner for another user tests the same thing twice."""
-    f = FILTERS.get("near_duplicate")(PairsSection(), 100)
+    f = FILTERS.get("near_duplicate")(Rules.from_config(PairsSection(), 100))
     rows = _users_asking_the_same_question()
     copy_pair = {**rows[1], "example_id": "e7", "user_id": "u7", "profile": "Someone else."}
     drops = f.apply([*rows, copy_pair])
@@ -266,3 +267,49 @@ def test_near_duplicate_same_pair_for_two_users_is_a_duplicate():
     # swapped sides (one user's chosen is another's rejected) is a wanted contrast: kept
     swapped = {**copy_pair, "chosen": rows[1]["rejected"], "rejected": rows[1]["chosen"]}
     assert f.apply([*rows, swapped]) == {}
+
+
+def _pair_stage_filters(tmp_path, **config):
+    from pipeline.config import Config
+    from pipeline.run import RunDir
+    from pipeline.stages.base import Context
+    from pipeline.stages.pairs import PairStage
+
+    cfg = Config.model_validate({"run": {"output_dir": str(tmp_path)}, **config})
+    return PairStage().filters(Context(config=cfg, run_dir=RunDir(tmp_path / "run")))
+
+
+def test_the_pair_stage_hands_its_filters_the_runs_word_cap(tmp_path):
+    # 80 and 76 words: over a cap of 60 (66 with the slack), under the default 100
+    def lengthen(p):
+        p.chosen.update(text=" ".join(["word"] * 79) + " end.")
+        p.rejected.update(text=" ".join(["other"] * 75) + " end.")
+
+    long_pair = mutate(lengthen)
+    filters = _pair_stage_filters(tmp_path, responses={"word_cap": 60})
+    (length,) = [f for f in filters if f.name == "length"]
+    ok, why = length.check(long_pair)
+    assert not ok and why is not None
+    assert why.startswith("chosen answer has 80 words, over the cap of 66 (60 + 10% slack)")
+    # the same pair under the default cap passes the length rule
+    (default_length,) = [f for f in _pair_stage_filters(tmp_path) if f.name == "length"]
+    assert default_length.check(long_pair) == (True, None)
+
+
+def test_the_pair_stage_builds_one_rules_for_all_its_filters(tmp_path, monkeypatch):
+    built = []
+    original = Rules.__post_init__
+
+    def counting(self):
+        built.append(self)
+        original(self)
+
+    monkeypatch.setattr(Rules, "__post_init__", counting)
+    filters = _pair_stage_filters(
+        tmp_path, pairs={"similarity_max": 80.0}, responses={"word_cap": 120}
+    )
+    assert len(filters) == len(PairsSection().filters) > 1
+    assert len(built) == 1
+    (rules,) = built
+    assert all(f.rules is rules for f in filters)
+    assert (rules.word_cap, rules.similarity_max) == (120, 80.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -65,6 +66,26 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
     assert out[0].startswith(str(target))
     assert out[1] == str(target / "pipeline" / "_data" / "prompts")
     assert out[2] == str(target / "pipeline" / "_data" / "configs" / "quickstart.yaml")
+
+    # the code in each stage's fingerprint is read from the installed modules and hashes
+    # as the checkout's does: a run moved between the two re-does nothing
+    code = (
+        "import json, pipeline.stages.base as b; from pipeline.stages import ORDER, STAGES; "
+        "print(b.__file__); "
+        "print(json.dumps({n: STAGES.get(n)().code_fingerprint() for n in ORDER}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target)},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    from pipeline.stages import ORDER, STAGES
+
+    assert out[0].startswith(str(target))
+    assert json.loads(out[1]) == {n: STAGES.get(n)().code_fingerprint() for n in ORDER}
 
 
 def test_help_imports_no_engine():

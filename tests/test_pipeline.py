@@ -293,3 +293,36 @@ def test_a_lone_surrogate_in_a_model_answer_flows_through(tmp_path):
     assert stats["judge"]["examples"] == N_EXAMPLES
     texts = [c["text"] for c in _rows(tmp_path / "outputs" / "t", "responses")]
     assert texts and all("advice \ufffd with" in t for t in texts)
+
+
+def test_each_stage_sizes_its_own_shards(tmp_path, server, capsys):
+    sizes = {"ingest": 5, "rubrics": 4, "responses": 3, "judge": 2, "pairs": 7}
+    sections = {"input": "ingest", "rubrics": "rubrics", "judge": "judge", "pairs": "pairs"}
+    cfg_path = write_config(
+        tmp_path,
+        server,
+        **{sec: {"chunk_size": sizes[st]} for sec, st in sections.items()},
+        responses={"n": 1, "strategies": ["avoid_all"], "chunk_size": sizes["responses"]},
+    )
+    stats = _run(cfg_path)
+    rd = RunDir(tmp_path / "outputs" / "t")
+    kept = stats["pairs"]["kept"]
+    for name, size in sizes.items():
+        sd = rd.stage(name)
+        examples_in: dict[Path, set[str]] = {sd.data_path(n): set() for n in sd.shard_ids()}
+        for path, _, row in sd.numbered_rows():
+            examples_in[path].add(row["example_id"])
+        per_shard = [len(examples_in[sd.data_path(n)]) for n in sd.shard_ids()]
+        n = kept if name == "pairs" else N_EXAMPLES
+        # full shards of the stage's own size, the remainder last (pairs: then the
+        # shards that carry only its rejects)
+        full = [size] * (n // size) + ([n % size] if n % size else [])
+        assert per_shard[: len(full)] == full, name
+        assert not any(per_shard[len(full) :]), name
+    # a stage's shard size is its own setting: changing the judge's re-does the judge
+    # (from the cache) and the pairs after it, nothing before
+    capsys.readouterr()
+    assert main(["run", str(cfg_path), "--no-progress", "--set", "judge.chunk_size=3"]) == 0
+    err = capsys.readouterr().err
+    assert "[judge] re-doing: judge.chunk_size: 2 -> 3" in err
+    assert "[responses] done, nothing to do" in err

@@ -90,9 +90,12 @@ def test_sigkill_mid_responses_then_resume(tmp_path, server):
     cfg_path = write_config(
         tmp_path,
         server,
-        input={"path": str(data)},
+        input={"path": str(data), "chunk_size": 40},
         backend={"max_concurrency": 16},
+        rubrics={"chunk_size": 40},
         responses={"n": 2, "strategies": ["avoid_all", "violate_one"], "chunk_size": 40},
+        judge={"chunk_size": 40},
+        pairs={"chunk_size": 40},
     )
     run_pipeline(load_config(cfg_path), until="rubrics", progress=False)
     server.latency_ms = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -286,6 +287,7 @@ POINTS = [
 ]
 POSTS = ["Sketching on the train to work every morning.", "My characters hide their hands."]
 CAP = 60
+WORDS = re.compile(r"[\w']+")
 
 
 def _gen_prompt(instruction: str, points: list[str], tail: str = "", cap: int = CAP) -> list:
@@ -452,6 +454,30 @@ def test_player_generation_covers_avoids_and_caps(client: openai.OpenAI) -> None
         assert 0 < count_words(text) <= 12 and text.endswith(".")
 
 
+def _grams(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    words = [w.lower() for w in WORDS.findall(text)]
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_player_answers_open_differently_and_name_the_topic_without_copying_it(
+    client: openai.OpenAI,
+) -> None:
+    # a model varies how it opens and refers to the question; it does not open every
+    # answer alike or repeat the question (a text rule on same openings or question echo
+    # would otherwise trip on the stand-in rather than on a real model's habits)
+    msgs = _gen_prompt("covers every one of these points", POINTS)
+    texts = [c.message.content or "" for c in _ask(client, messages=msgs, n=12).choices]
+    openings = {" ".join(t.split()[:3]) for t in texts}
+    assert len(openings) >= 6, openings
+    question_words = {w.lower() for w in WORDS.findall(QUESTION) if len(w) > 3}
+    for t in texts:
+        assert not _grams(t) & _grams(QUESTION), t  # no five words of the question in a row
+        assert question_words & {w.lower() for w in WORDS.findall(t)}, t  # but on topic
+    # deterministic per request: the same request gets the same answers
+    again = [c.message.content or "" for c in _ask(client, messages=msgs, n=12).choices]
+    assert again == texts
+
+
 def test_responder_wins_and_filler_mode(client: openai.OpenAI) -> None:
     msgs = _gen_prompt("covers every one of these points", POINTS)
     with StandinServer(responder=lambda body, i: "crafted") as srv:
@@ -490,6 +516,12 @@ def test_sample_run_against_the_player_keeps_most_examples(tmp_path: Path) -> No
     assert s["dropped_by_reason"]["coverage"] == len(long_rubrics)
     kept = list(run.stage("pairs").rows())
     assert len({r["strategy"] for r in kept}) >= 2  # several strategies make it through
+    # answers do not repeat their question, and open in more than one way
+    answers = [r[side] for r in kept for side in ("chosen", "rejected")]
+    assert not any(
+        _grams(a) & _grams(r["question"]) for r in kept for a in (r["chosen"], r["rejected"])
+    )
+    assert len({" ".join(a.split()[:2]) for a in answers}) >= len(answers) // 2
     for row in kept:
         assert row["judge"]["pairwise"]["pairwise_aware"]["AB"]["prefers"] == "chosen"
         assert row["judge"]["pairwise"]["pairwise_blind"]["BA"]["prefers"] != "chosen"

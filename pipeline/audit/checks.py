@@ -12,11 +12,46 @@ Every code is listed in :data:`CHECKS` and documented in ``docs/audit.md``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pipeline.fields import DIMENSIONS, ORDERS, SIDES, words
 from pipeline.rules import Hit, Rules
+
+
+class RowView:
+    """One row of a pairs file as the checks read it: each answer's text, and what the
+    caller computed already (word counts, similarity, words), computed here otherwise."""
+
+    def __init__(
+        self,
+        r: Mapping[str, Any],
+        n_words: tuple[int, int] | None = None,
+        similarity: float | None = None,
+        tokens: tuple[Sequence[str], Sequence[str]] | None = None,
+    ) -> None:
+        self.row = r
+        self.texts = {"chosen": r["chosen"], "rejected": r["rejected"]}
+        self.similarity = similarity
+        self._n_words = dict(zip(SIDES, n_words, strict=True)) if n_words is not None else {}
+        self._tokens = dict(zip(SIDES, tokens, strict=True)) if tokens is not None else {}
+        self._words: dict[str, set[str]] = {}
+        self.aspects = _aspects(r)
+
+    def n_words(self, side: str) -> int | None:
+        return self._n_words.get(side)
+
+    def words(self, side: str) -> set[str]:
+        got = self._words.get(side)
+        if got is None:
+            toks = self._tokens.get(side)
+            got = self._words[side] = set(toks if toks is not None else words(self.texts[side]))
+        return got
+
+
+# a rule on one answer (given its side), or on the whole row
+SideRule = Callable[[Rules, RowView, str], "Hit | None"]
+RowRule = Callable[[Rules, RowView], "Hit | None"]
 
 
 class Check(NamedTuple):
@@ -25,18 +60,78 @@ class Check(NamedTuple):
     kind: str  # "text" (the answers alone), "judge" (judge columns), "set" (across rows)
     meaning: str
     filter: str | None  # the pair-stage filter that applies the same rule, if any
+    # how :func:`check_row` runs it: on each answer with visible text (``side``), or once
+    # on the row (``row``; a "text" one only when both answers have visible text). A "set"
+    # check has neither: :func:`check_set` runs it across rows.
+    side: SideRule | None = None
+    row: RowRule | None = None
+    # another check of the row that, when it fires, makes this one moot
+    unless: str | None = None
+
+
+def _cut_off(rules: Rules, row: RowView, side: str) -> Hit | None:
+    finish = row.row.get("finish_reasons")
+    if isinstance(finish, Mapping) and finish.get(side) == "length":
+        return Hit(CUT_OFF, "finish_reason length")
+    return None
+
+
+def _quality(rule: str) -> RowRule:
+    """The :class:`Rules` method ``rule`` on both answers' rubric-blind scores, where the
+    row has them."""
+
+    def run(rules: Rules, row: RowView) -> Hit | None:
+        qc, qr = row.row.get("quality_chosen"), row.row.get("quality_rejected")
+        has = [
+            isinstance(q, Mapping) and any(q.get(d) is not None for d in DIMENSIONS)
+            for q in (qc, qr)
+        ]
+        return getattr(rules, rule)(qc, qr) if all(has) else None
+
+    return run
+
+
+def _coverage(rules: Rules, row: RowView) -> Hit | None:
+    r = row.row
+    rej = r.get("coverage_rejected_violated_mean")
+    if rej is None:
+        rej = r.get("coverage_rejected_mean")
+    if r.get("coverage_chosen_mean") is None and rej is None:
+        return None
+    return rules.coverage_means(r.get("coverage_chosen_mean"), rej)
+
+
+def _pairwise(col: str, rule: str) -> RowRule:
+    """The :class:`Rules` method ``rule`` on one pairwise judge's preferences per A/B
+    order (column ``col``), where the row has them."""
+
+    def run(rules: Rules, row: RowView) -> Hit | None:
+        prefs = row.row.get(col)
+        if isinstance(prefs, Mapping) and any(prefs.get(o) is not None for o in ORDERS):
+            return getattr(rules, rule)(prefs)
+        return None
+
+    return run
 
 
 CHECKS: dict[str, Check] = {
     c.code: c
     for c in (
-        Check("empty", "Empty answer", "text", "an answer is empty or whitespace only", "empty"),
+        Check(
+            "empty",
+            "Empty answer",
+            "text",
+            "an answer is empty or whitespace only",
+            "empty",
+            side=lambda rules, row, side: rules.empty(row.texts[side]),
+        ),
         Check(
             "identical",
             "Identical answers",
             "text",
             "chosen and rejected are the same text (ignoring case and spacing)",
             "similarity",
+            row=lambda rules, row: rules.identical(row.texts["chosen"], row.texts["rejected"]),
         ),
         Check(
             "near_identical",
@@ -44,6 +139,10 @@ CHECKS: dict[str, Check] = {
             "text",
             "word-level similarity of chosen and rejected above pairs.similarity_max",
             "similarity",
+            row=lambda rules, row: rules.near_identical(
+                row.texts["chosen"], row.texts["rejected"], row.similarity
+            ),
+            unless="identical",
         ),
         Check(
             "over_cap",
@@ -51,9 +150,15 @@ CHECKS: dict[str, Check] = {
             "text",
             "an answer has more words than the cap times (1 + pairs.length_slack)",
             "length",
+            side=lambda rules, row, side: rules.over_cap(row.texts[side], row.n_words(side)),
         ),
         Check(
-            "refusal", "Refusal", "text", "an answer refuses (pairs.refusal_patterns)", "refusal"
+            "refusal",
+            "Refusal",
+            "text",
+            "an answer refuses (pairs.refusal_patterns)",
+            "refusal",
+            side=lambda rules, row, side: rules.refusal(row.texts[side], row.words(side)),
         ),
         Check(
             "meta_text",
@@ -62,6 +167,7 @@ CHECKS: dict[str, Check] = {
             "an answer talks about its brief: instructions, rubric, aspects, word limits "
             "(pairs.meta_patterns)",
             "meta_text",
+            side=lambda rules, row, side: rules.meta_text(row.texts[side], row.words(side)),
         ),
         Check(
             "truncated_text",
@@ -70,6 +176,7 @@ CHECKS: dict[str, Check] = {
             "an answer stops mid-sentence: no closing punctuation, or a trailing comma, "
             "colon or function word",
             "truncated_text",
+            side=lambda rules, row, side: rules.truncated_text(row.texts[side]),
         ),
         Check(
             "cut_off",
@@ -78,6 +185,7 @@ CHECKS: dict[str, Check] = {
             "an answer stopped on the token limit (finish_reason length; needs the "
             "finish_reasons column)",
             "truncated",
+            side=_cut_off,
         ),
         Check(
             "rubric_echo",
@@ -85,6 +193,11 @@ CHECKS: dict[str, Check] = {
             "text",
             "an answer copies a rubric aspect verbatim or nearly (needs rubric_aspects)",
             "rubric_echo",
+            side=lambda rules, row, side: (
+                rules.rubric_echo(row.texts[side], row.aspects, row.words(side))
+                if row.aspects
+                else None
+            ),
         ),
         Check(
             "duplicate_row",
@@ -107,6 +220,7 @@ CHECKS: dict[str, Check] = {
             "judge",
             "the rubric-blind judge scores an answer below pairs.quality_floor",
             "quality_floor",
+            row=_quality("below_floor"),
         ),
         Check(
             "quality_gap",
@@ -114,6 +228,7 @@ CHECKS: dict[str, Check] = {
             "judge",
             "the rubric-blind scores differ by more than pairs.quality_gap_max",
             "quality_gap",
+            row=_quality("quality_gap"),
         ),
         Check(
             "coverage",
@@ -122,6 +237,7 @@ CHECKS: dict[str, Check] = {
             "the chosen's mean coverage is below pairs.coverage_chosen_min, or the "
             "rejected's (of its violated items) above pairs.coverage_rejected_max",
             "coverage",
+            row=_coverage,
         ),
         Check(
             "blind_leak",
@@ -129,6 +245,7 @@ CHECKS: dict[str, Check] = {
             "judge",
             "the rubric-blind judge prefers the chosen in both A/B orders",
             "pairwise_consistency",
+            row=_pairwise("pairwise_blind", "blind_leak"),
         ),
         Check(
             "aware_disagrees",
@@ -136,9 +253,12 @@ CHECKS: dict[str, Check] = {
             "judge",
             "the rubric-aware judge does not prefer the chosen in both A/B orders",
             "pairwise_consistency",
+            row=_pairwise("pairwise_aware", "aware_disagrees"),
         ),
     )
 }
+# the check an answer must pass for its other checks to run (there is nothing to check)
+GATE = "empty"
 CUT_OFF = "stopped at max_tokens (finish_reason length): not a finished answer"
 # Not a per-pair check, but a gate `--fail-on` accepts: the shortcut probe does not clear the
 # set (it flagged, or the set is too small to clear).
@@ -237,42 +357,38 @@ def check_row(
     similarity: float | None = None,
     tokens: tuple[Sequence[str], Sequence[str]] | None = None,
 ) -> None:
-    """The checks of one row, appended to ``flags``. ``n_words``, ``similarity`` and
-    ``tokens`` (each answer's ``words()``) pass what the caller computed already, so no
-    text is split twice."""
-    texts = {"chosen": r["chosen"], "rejected": r["rejected"]}
-    aspects = _aspects(r)
-    finish = r.get("finish_reasons")
-    live = []
-    for k, side in enumerate(SIDES):
-        t = texts[side]
-        hit = rules.empty(t)
-        if hit:
-            _flag(flags, ids, cats, i, "empty", hit, side)
+    """The catalogue's checks of one row (:data:`CHECKS`), appended to ``flags``.
+    ``n_words``, ``similarity`` and ``tokens`` (each answer's ``words()``) pass what the
+    caller computed already, so no text is split twice.
+
+    An answer without visible text gets the ``empty`` flag and no other check of its own;
+    the checks on both answers' text run only when both have visible text."""
+    row = RowView(r, n_words, similarity, tokens)
+    gate = CHECKS[GATE]
+    fired: set[str] = set()
+    live = 0
+    for side in SIDES:
+        # the gate first: an answer without visible text gets no other check of its own
+        if gate.side is not None and (hit := gate.side(rules, row, side)):
+            _flag(flags, ids, cats, i, GATE, hit, side)
+            fired.add(GATE)
             continue
-        live.append(side)
-        wc = n_words[k] if n_words is not None else None
-        toks = set(tokens[k]) if tokens is not None else set(words(t))
-        if isinstance(finish, Mapping) and finish.get(side) == "length":
-            _flag(flags, ids, cats, i, "cut_off", Hit(CUT_OFF, "finish_reason length"), side)
-        for code, h in (
-            ("over_cap", rules.over_cap(t, wc)),
-            ("refusal", rules.refusal(t, toks)),
-            ("meta_text", rules.meta_text(t, toks)),
-            ("truncated_text", rules.truncated_text(t)),
-            ("rubric_echo", rules.rubric_echo(t, aspects, toks) if aspects else None),
-        ):
-            if h:
-                _flag(flags, ids, cats, i, code, h, side)
-    if len(live) == 2:
-        hit = rules.identical(texts["chosen"], texts["rejected"])
-        if hit:
-            _flag(flags, ids, cats, i, "identical", hit)
-        else:
-            hit = rules.near_identical(texts["chosen"], texts["rejected"], similarity)
-            if hit:
-                _flag(flags, ids, cats, i, "near_identical", hit)
-    _judge_checks(flags, ids, cats, i, r, rules)
+        live += 1
+        for check in CHECKS.values():
+            if check.side is None or check is gate:
+                continue
+            if hit := check.side(rules, row, side):
+                _flag(flags, ids, cats, i, check.code, hit, side)
+                fired.add(check.code)
+    # in catalogue order, so a check another one defers to (``unless``) has run first
+    for check in CHECKS.values():
+        if check.row is None or check.unless in fired:
+            continue
+        if check.kind == "text" and live < len(SIDES):
+            continue
+        if hit := check.row(rules, row):
+            _flag(flags, ids, cats, i, check.code, hit)
+            fired.add(check.code)
 
 
 def check_set(
@@ -325,40 +441,3 @@ def check_set(
     if timings is not None:
         timings["checks_set_s"] = round(time.perf_counter() - clock, 3)
     flags.sort(key=lambda f: (f["row"], list(CHECKS).index(f["check"]), f["side"] or ""))
-
-
-def _judge_checks(
-    flags: list[dict[str, Any]],
-    ids: Sequence[str],
-    cats: Sequence[str | None],
-    i: int,
-    r: Mapping[str, Any],
-    rules: Rules,
-) -> None:
-    qc, qr = r.get("quality_chosen"), r.get("quality_rejected")
-    has_q = [
-        isinstance(q, Mapping) and any(q.get(d) is not None for d in DIMENSIONS) for q in (qc, qr)
-    ]
-    if all(has_q):
-        for code, h in (
-            ("quality_floor", rules.below_floor(qc, qr)),
-            ("quality_gap", rules.quality_gap(qc, qr)),
-        ):
-            if h:
-                _flag(flags, ids, cats, i, code, h)
-    rej = r.get("coverage_rejected_violated_mean")
-    if rej is None:
-        rej = r.get("coverage_rejected_mean")
-    if r.get("coverage_chosen_mean") is not None or rej is not None:
-        h = rules.coverage_means(r.get("coverage_chosen_mean"), rej)
-        if h:
-            _flag(flags, ids, cats, i, "coverage", h)
-    for col, code, rule in (
-        ("pairwise_aware", "aware_disagrees", rules.aware_disagrees),
-        ("pairwise_blind", "blind_leak", rules.blind_leak),
-    ):
-        prefs = r.get(col)
-        if isinstance(prefs, Mapping) and any(prefs.get(o) is not None for o in ORDERS):
-            h = rule(prefs)
-            if h:
-                _flag(flags, ids, cats, i, code, h)

@@ -22,11 +22,14 @@ from pipeline.records import PAIR_RECORD_FIELDS, RecordProblem, check_pair_recor
 from pipeline.run import layout
 from pipeline.run.lock import RunLock
 from pipeline.run.stage import StageDir, redo_hint
+from pipeline.stages import ORDER
 
 if TYPE_CHECKING:
     from pipeline.config import Config
 
-STAGE_NAMES: tuple[str, ...] = ("ingest", "rubrics", "responses", "judge", "pairs")
+# the stages' folders, in run order: the stage registry's order (names only; no stage
+# module is imported)
+STAGE_NAMES: tuple[str, ...] = ORDER
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -15,7 +15,65 @@ from pipeline.chat import ChatRequest
 from pipeline.config import Config
 from pipeline.errors import StageError
 from pipeline.llm import LLMRunner
-from pipeline.run import RunDir, StageDir
+from pipeline.run import RunDir, ShardIndex, StageDir
+from pipeline.sourcehash import source_hashes
+from pipeline.stages import ORDER
+
+
+class UndeclaredRead(StageError, KeyError):
+    """A stage read a field of an upstream row that it does not declare in its ``reads``:
+    a bug in the stage (its code and its declaration disagree), raised at the read. A
+    ``KeyError`` too, as a missing key is; so stage code never catches ``KeyError`` around
+    an upstream read (it would hide this)."""
+
+    def __init__(self, stage: str, upstream: str, key: object) -> None:
+        self.stage, self.upstream, self.key = stage, upstream, key
+        super().__init__(
+            f"stage '{stage}' read field {key!r} of a '{upstream}' row without declaring it: "
+            f"add it to {stage}'s `reads['{upstream}']` (a bug in the stage, nothing was written "
+            "for the example it was reading)"
+        )
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class UpstreamRow(dict):
+    """An upstream row as a stage sees it: only the fields the stage declares reading from
+    that stage. Reading any other field raises :class:`UndeclaredRead` at once (``[]`` and
+    ``get`` alike); a declared field the row lacks behaves as in a plain dict."""
+
+    __slots__ = ("_declared", "_stage", "_upstream")
+
+    def __init__(
+        self, row: Mapping[str, Any], stage: str, upstream: str, declared: AbstractSet[str]
+    ) -> None:
+        super().__init__((k, v) for k, v in row.items() if k in declared)
+        self._declared = declared
+        self._stage = stage
+        self._upstream = upstream
+
+    def __missing__(self, key: str) -> Any:
+        if key in self._declared:
+            raise KeyError(key)
+        raise UndeclaredRead(self._stage, self._upstream, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key not in self._declared:
+            raise UndeclaredRead(self._stage, self._upstream, key)
+        return dict.get(self, key, default)
+
+
+class UpstreamIndex:
+    """:class:`ShardIndex` of an upstream stage, its rows seen through :class:`UpstreamRow`."""
+
+    def __init__(self, index: ShardIndex, view: Callable[[Mapping[str, Any]], UpstreamRow]) -> None:
+        self._index = index
+        self._view = view
+
+    def get(self, value: str) -> list[UpstreamRow]:
+        """The rows of ``value`` (empty when it has none)."""
+        return [self._view(r) for r in self._index.get(value)]
 
 
 @dataclass
@@ -130,16 +188,38 @@ class Stage(abc.ABC):
     """One job: read the previous stage's rows, write this stage's folder."""
 
     name: ClassVar[str]
-    requires: ClassVar[tuple[str, ...]] = ()
     # Column contract: the fields this stage reads from each upstream stage, declared here
     # by the reader (never imported from the producer), and the fields it writes itself.
     # `prb run` checks every read against the producer's writes before any work starts
     # (pipeline.orchestrate.check_contracts), and a stage's first shard against its writes.
+    # The stage sees upstream rows only through these declarations (:class:`UpstreamRow`):
+    # a read its code makes and its declaration lacks fails at once.
     reads: ClassVar[Mapping[str, AbstractSet[str]]] = {}
     writes: ClassVar[AbstractSet[str]] = frozenset()
     # False: a stage cut short is re-done from its start (no LLM calls, cheap) instead of
     # resumed from its shards
     resumable: ClassVar[bool] = True
+    # The modules whose code decides this stage's rows (the stage's own module, the rules,
+    # the record layout, prompt rendering...). Their source, normalised so that comments,
+    # docstrings and formatting do not count (pipeline/sourcehash.py), joins the stage's
+    # fingerprint: editing one re-does the stage, and the re-do message names the module.
+    code: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """The stage whose fingerprint joins this one's: the latest, in run order, of those
+        it reads (its own fingerprint covers the stages before it)."""
+        read = [n for n in ORDER if n in self.reads]
+        return (read[-1],) if read else ()
+
+    def shard_size(self, ctx: Context) -> int:
+        """Examples per output shard: the ``chunk_size`` of this stage's own config section
+        (each stage sizes its own shards)."""
+        return int(getattr(ctx.config, self.name).chunk_size)
+
+    def code_fingerprint(self) -> dict[str, str]:
+        """module -> hash of its normalised source, for every module in :attr:`code`."""
+        return source_hashes(self.code)
 
     def uses_llm(self, ctx: Context) -> bool:
         """Whether this stage sends LLM requests with the current settings."""
@@ -167,10 +247,28 @@ class Stage(abc.ABC):
         return iter(())
 
     # helpers -------------------------------------------------------------------------
-    def input_rows(self, ctx: Context, stage: str) -> Iterator[dict]:
+    def view(self, stage: str) -> Callable[[Mapping[str, Any]], UpstreamRow]:
+        """How this stage sees a row of ``stage``: only the fields it declares reading."""
+        declared = self.reads.get(stage)
+        if declared is None:
+            raise StageError(
+                f"stage '{self.name}' reads rows of '{stage}' without declaring it in "
+                "`reads`: a bug in the stage"
+            )
+        declared = frozenset(declared)
+        return lambda row: UpstreamRow(row, self.name, stage, declared)
+
+    def input_rows(self, ctx: Context, stage: str) -> Iterator[UpstreamRow]:
+        """The rows of an upstream stage, each seen through :meth:`view`."""
+        view = self.view(stage)
         if ctx.planned_rows is not None and stage in ctx.planned_rows:
-            return iter(ctx.planned_rows[stage])
-        return self.input_stage(ctx, stage).rows()
+            return map(view, ctx.planned_rows[stage])
+        return map(view, self.input_stage(ctx, stage).rows())
+
+    def input_index(self, ctx: Context, stage: str, key: str = "example_id") -> UpstreamIndex:
+        """An upstream stage's rows by ``key`` (``StageDir.index``), seen through :meth:`view`."""
+        view = self.view(stage)
+        return UpstreamIndex(self.input_stage(ctx, stage).index(key), view)
 
     def input_stage(self, ctx: Context, stage: str) -> StageDir:
         sd = ctx.run_dir.stage(stage)

@@ -45,6 +45,10 @@ def _file_digest(path: Path) -> str:
 
 class IngestStage(Stage):
     name = "ingest"
+    code = (
+        "pipeline.stages.ingest", "pipeline.ingest", "pipeline.profile", "pipeline.fields",
+        "pipeline.ids",
+    )  # fmt: skip
     writes = EXAMPLE_FIELDS
 
     def _inputs(self, ctx: Context) -> list[Path]:
@@ -53,6 +57,9 @@ class IngestStage(Stage):
         from pipeline.ingest import reader
 
         return reader(ctx.config.input, ctx.config.resolve_input).sources()
+
+    def shard_size(self, ctx: Context) -> int:
+        return ctx.config.input.chunk_size
 
     def settings(self, ctx: Context) -> dict[str, Any]:
         digests = {str(p): _file_digest(p) for p in self._inputs(ctx) if p.exists()}
@@ -92,7 +99,7 @@ class IngestStage(Stage):
 
         # resumable like every stage: examples already in a shard are not written again
         done = out.done_examples()
-        chunk = ctx.config.responses.chunk_size
+        chunk = self.shard_size(ctx)
         buffer: list[dict] = []
         cats: dict[str, int] = {}
         users: set[str] = set()

@@ -53,8 +53,9 @@ SCHEMA_NAMES = {
     "pairwise_blind": "PairwiseVerdict",
 }
 JUDGE_FIELDS = frozenset({"example_id", "quality", "coverage", "pairwise"})
-# the kind of the judge's finished rows in the cache's derived table; bump the version
-# when a row's layout changes
+# the kind of the judge's finished rows in the cache's derived table. A memo's key holds
+# the code of the judge's modules (``JudgeStage.code``), so a change to how a row is made
+# or laid out misses the old memos by itself: no version to bump by hand
 MEMO_KIND = "judge_row/1"
 
 
@@ -73,7 +74,10 @@ class _Judged:
 
 class JudgeStage(Stage):
     name = "judge"
-    requires = ("responses",)
+    code = (
+        "pipeline.stages.judge", "pipeline.prompts", "pipeline.schemas",
+        "pipeline.rules.verdicts", "pipeline.fields", "pipeline.ids",
+    )  # fmt: skip
     reads = {
         "ingest": frozenset({"example_id", "question"}),
         "rubrics": frozenset({"example_id", "items"}),
@@ -109,12 +113,14 @@ class JudgeStage(Stage):
 
     def memo_salt(self, ctx: Context) -> str:
         """What a finished row depends on besides its example's inputs: the stage's
-        settings and the runner settings that decide when an invalid verdict is final."""
+        settings, the code that makes a row, and the runner settings that decide when an
+        invalid verdict is final."""
         b = ctx.config.backend
         return content_hash(
             {
                 "kind": MEMO_KIND,
                 "settings": self.settings(ctx),
+                "code": self.code_fingerprint(),
                 "max_reasks": b.max_reasks,
                 "invalid_retry_runs": b.invalid_retry_runs,
             }
@@ -225,7 +231,7 @@ class JudgeStage(Stage):
                 ctx.cache.put_derived_many(memo_new)
                 memo_new = []
 
-        loop = ExampleLoop(out, c.responses.chunk_size, after_flush=store_memos)
+        loop = ExampleLoop(out, self.shard_size(ctx), after_flush=store_memos)
 
         def jobs(runner: LLMRunner) -> Iterator[Job]:
             nonlocal memo_hits

@@ -25,6 +25,7 @@ from pipeline.filters import FILTERS, PairFilter, PairView, word_similarity
 from pipeline.ids import pair_id
 from pipeline.io import dumps, loads
 from pipeline.records import PAIR_RECORD_FIELDS
+from pipeline.rules import Rules
 from pipeline.rules.verdicts import margin as pair_margin
 from pipeline.rules.verdicts import prefers
 from pipeline.run import StageDir
@@ -59,7 +60,11 @@ def pick(passing: list[tuple[float, str]]) -> int:
 
 class PairStage(Stage):
     name = "pairs"
-    requires = ("judge",)
+    code = (
+        "pipeline.stages.pairs", "pipeline.filters", "pipeline.rules.pair", "pipeline.rules.text",
+        "pipeline.rules.regexgate", "pipeline.rules.patterns", "pipeline.rules.verdicts",
+        "pipeline.records", "pipeline.dedup", "pipeline.fields", "pipeline.ids",
+    )  # fmt: skip
     reads = {
         "ingest": frozenset(
             {"example_id", "source_id", "user_id", "question", "category", "narrative",
@@ -85,9 +90,15 @@ class PairStage(Stage):
     def expected(self, ctx: Context) -> int:
         return sum(1 for _ in self.input_rows(ctx, "judge"))
 
+    @staticmethod
+    def rules(ctx: Context) -> Rules:
+        """The run's rules: the ``pairs`` thresholds and the answers' word cap."""
+        return Rules.from_config(ctx.config.pairs, ctx.config.responses.word_cap)
+
     def filters(self, ctx: Context) -> list[PairFilter]:
-        cfg = ctx.config
-        return [FILTERS.get(n)(cfg.pairs, cfg.responses.word_cap) for n in cfg.pairs.filters]
+        # one Rules for every filter: built (patterns compiled) once per run
+        rules = self.rules(ctx)
+        return [FILTERS.get(n)(rules) for n in ctx.config.pairs.filters]
 
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
         filters = self.filters(ctx)
@@ -95,10 +106,11 @@ class PairStage(Stage):
         set_filters = [f for f in filters if f.set_level]
         # examples, rubrics and candidates are read per judged example through an index
         # (where each example's rows sit in the shards), never held all at once: memory
-        # stays flat in the input's size but for these offsets
-        examples = self.input_stage(ctx, "ingest").index("example_id")
-        rubrics = self.input_stage(ctx, "rubrics").index("example_id")
-        cands_of = self.input_stage(ctx, "responses").index("example_id")
+        # stays flat in the input's size but for these offsets; each row is seen through
+        # the stage's declared reads
+        examples = self.input_index(ctx, "ingest")
+        rubrics = self.input_index(ctx, "rubrics")
+        cands_of = self.input_index(ctx, "responses")
 
         kept_tmp = out.path / ".pass1-kept.jsonl.tmp"
         rejects_tmp = out.path / ".pass1-rejects.jsonl.tmp"
@@ -184,7 +196,7 @@ class PairStage(Stage):
                     drops.setdefault(ex_id, (f.name, why))
             del views
 
-        chunk = ctx.config.responses.chunk_size
+        chunk = self.shard_size(ctx)
         buffer: list[dict] = []
         set_rejects: list[dict] = []
         for row in _read_lines(kept_tmp):

@@ -171,7 +171,10 @@ class _Example:
 
 class ResponseStage(Stage):
     name = "responses"
-    requires = ("rubrics",)
+    code = (
+        "pipeline.stages.responses", "pipeline.prompts", "pipeline.records",
+        "pipeline.rules.text", "pipeline.fields", "pipeline.ids",
+    )  # fmt: skip
     reads = {
         "ingest": frozenset(
             {"example_id", "user_id", "question", "category", "profile", "profile_view"}
@@ -381,7 +384,7 @@ class ResponseStage(Stage):
         per_example = 1 + sum(c.responses.n if s == "violate_one" else 1
                               for s in c.responses.strategies)  # fmt: skip
         todo = len(rubrics) - len(done & rubrics.keys())
-        loop = ExampleLoop(out, c.responses.chunk_size)
+        loop = ExampleLoop(out, self.shard_size(ctx))
 
         def jobs() -> Iterator[Job]:
             # examples stream from the ingest shards; only those in flight are held

@@ -115,7 +115,10 @@ def _append(rows: list[dict], rejects: list[dict], row: dict | None, rej: dict |
 
 class RubricStage(Stage):
     name = "rubrics"
-    requires = ("ingest",)
+    code = (
+        "pipeline.stages.rubrics", "pipeline.prompts", "pipeline.schemas", "pipeline.records",
+        "pipeline.fields", "pipeline.ids",
+    )  # fmt: skip
     # what this stage reads of each example (checked against what ingest writes)
     reads = {
         "ingest": frozenset(
@@ -182,7 +185,7 @@ class RubricStage(Stage):
     def _given(self, ctx: Context, out: StageDir, examples: Any, resumed: int) -> dict:
         rows: list[dict] = []
         rejects: list[dict] = []
-        chunk = ctx.config.responses.chunk_size
+        chunk = self.shard_size(ctx)
         for ex in examples:
             aspects = ex.get("rubric_aspects")
             if not aspects:
@@ -225,7 +228,7 @@ class RubricStage(Stage):
         def validate(req: ChatRequest, text: str) -> Any:
             return schemas.parse(schema, text)
 
-        loop = ExampleLoop(out, c.responses.chunk_size)
+        loop = ExampleLoop(out, self.shard_size(ctx))
         reasked = 0
 
         def jobs() -> Any:
