@@ -47,7 +47,7 @@ class IngestStage(Stage):
     name = "ingest"
     code = (
         "pipeline.stages.ingest", "pipeline.ingest", "pipeline.profile", "pipeline.fields",
-        "pipeline.ids",
+        "pipeline.ids", "pipeline.inputs.base", "pipeline.inputs.jsonl", "pipeline.inputs.tables",
     )  # fmt: skip
     writes = EXAMPLE_FIELDS
 
