@@ -87,6 +87,29 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
     assert out[0].startswith(str(target))
     assert json.loads(out[1]) == {n: STAGES.get(n)().code_fingerprint() for n in ORDER}
 
+    # `prb plan` runs from the wheel, which has no benchmarks/results/ (a checkout's folder):
+    # the time says where a measured throughput would come from instead of reading a path
+    # the package does not have, and planning writes nothing into the installation
+    shipped = target / "pipeline" / "_data" / "configs" / "quickstart.yaml"
+    before = sorted(
+        p.relative_to(target) for p in target.rglob("*") if "__pycache__" not in p.parts
+    )
+    args = ["plan", str(shipped), "--json", "--set", "backend.name=vllm"]
+    res = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target)},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    plan = json.loads(res.stdout)
+    assert plan["totals"]["requests_to_send"] == 40  # as planned from the checkout
+    assert plan["time"]["output_tokens_per_second"] is None
+    assert "benchmarks/results/, which this installation lacks" in plan["time"]["source"]
+    after = sorted(p.relative_to(target) for p in target.rglob("*") if "__pycache__" not in p.parts)
+    assert after == before
+
 
 def test_help_imports_no_engine():
     res = subprocess.run(

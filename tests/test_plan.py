@@ -243,12 +243,12 @@ def test_a_local_transformers_tokenizer_is_used_with_its_chat_template(tmp_path,
     resp = _stage(plan, "responses")
     assert "transformers" in resp.tokens and "chat template" in resp.tokens
     from pipeline.chat import ChatRequest
-    from pipeline.plan import _hf_counter
+    from pipeline.plan import hf_counter
 
     req = ChatRequest((("system", "the a"), ("user", "of to and")), "m")
     ids = fast.apply_chat_template(req.message_dicts(), tokenize=True, add_generation_prompt=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-    assert _hf_counter(str(folder)).count(req) == len(ids) > 0
+    assert hf_counter(str(folder)).count(req) == len(ids) > 0
 
 
 @pytest.mark.llamacpp
@@ -283,3 +283,29 @@ def test_after_a_run_the_plan_compares_its_earlier_estimate_with_what_was_receiv
         assert abs(est - got) <= 0.2 * got, (stage, est, got)
     assert main(["plan", str(cfg)]) == 0
     assert "the estimate a plan gives before the run" in capsys.readouterr().out
+
+
+def test_benchmark_throughput_is_read_only_where_a_checkout_has_it(tmp_path, monkeypatch):
+    """The vLLM backend's measured throughput comes from benchmarks/results/ of a source
+    checkout; an installed package has no such folder, and the time's source says so."""
+    import pipeline.plan.throughput as tp
+    from pipeline.config import config_from_overrides
+    from pipeline.stages.base import Context
+
+    config = config_from_overrides(["backend.name=vllm", f"run.output_dir={tmp_path / 'out'}"])
+    ctx = Context(config=config, run_dir=RunDir(config.run_dir), progress=False)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "vllm_throughput.json").write_text(
+        json.dumps({"variants": [{"output_tokens_per_s": 812.5}, {"output_tokens_per_s": 97}]})
+    )
+    monkeypatch.setattr(tp, "benchmark_results", lambda: results)
+    assert tp.throughput(ctx, None, {}) == (
+        812.5,
+        "measured by benchmarks/vllm_throughput.py (vllm_throughput.json)",
+    )
+    monkeypatch.setattr(tp, "benchmark_results", lambda: None)
+    tps, source = tp.throughput(ctx, None, {})
+    assert tps is None
+    assert "--tokens-per-second" in source and "which this installation lacks" in source
+    assert not (tmp_path / "out").exists()  # planning writes nothing

@@ -59,8 +59,8 @@ from pipeline.annotate.tasks import (
     map_choice,
     project_title,
 )
-from pipeline.config import Config, path_kind
-from pipeline.io import dumps, loads, read_json, write_json_atomic, write_jsonl_atomic
+from pipeline.config import Config
+from pipeline.io import dumps, loads, path_kind, read_json, write_json_atomic, write_jsonl_atomic
 from pipeline.rules.verdicts import direction, prefers
 from pipeline.run import Round, RunDir
 

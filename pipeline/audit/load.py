@@ -234,7 +234,7 @@ def load_pairs(
     path = Path(path)
     if not path.exists():
         raise InputError("no such file or folder", path=path)
-    from pipeline.config import path_kind  # here: pipeline.config imports the audit's rules
+    from pipeline.io import path_kind
 
     kind = path_kind(path)
     if kind not in ("a file", "a folder"):  # a named pipe would be read forever

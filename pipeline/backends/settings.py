@@ -2,7 +2,7 @@
 typed section per backend (``backend.openai``, ``backend.vllm``, ``backend.llamacpp``,
 ``backend.ray``, ``backend.replay``).
 
-Below the config layer (pipeline/config.py composes this section into ``Config``) and
+Below the config layer (pipeline/config/sections.py composes this section into ``Config``) and
 free of heavy imports: validating a config never imports an engine. Each backend's class
 names its section model (``Backend.settings``, pipeline/backends/base.py).
 
@@ -23,7 +23,7 @@ from pipeline.section import Section
 
 class Settings(Section):
     """A backend's config section: unknown keys, inf/nan and a bool for a number refused
-    (pipeline/section.py, as every section of pipeline/config.py)."""
+    (pipeline/section.py, as every section of pipeline/config/sections.py)."""
 
     # the model a backend uses when backend.model is left out; None: the shared default
     default_model: ClassVar[str | None] = None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import InputError, PipelineError, RunDirError
-from pipeline.io import read_json, write_json_atomic, write_text_atomic
+from pipeline.io import path_kind, read_json, write_json_atomic, write_text_atomic
 from pipeline.records import PAIR_RECORD_FIELDS, RecordProblem, check_pair_record
 from pipeline.run import layout
 from pipeline.run.lock import RunLock
@@ -263,8 +263,6 @@ class RunDir:
 
 
 def _kind(path: Path) -> str:
-    from pipeline.config import path_kind
-
     return path_kind(path) or "a link to nothing"
 
 
@@ -288,8 +286,6 @@ def open_run(target: str | Path, overrides: Sequence[str] = ()) -> tuple[RunDir,
     ``target`` is a run directory (``outputs/<run>``) or the run's config file. Anything
     else is one InputError saying what it is and what to pass instead; nothing is created.
     """
-    from pipeline.config import path_kind
-
     target = Path(target)
     hint = "pass a run directory (outputs/<run>) or the run's config file"
     kind = path_kind(target)

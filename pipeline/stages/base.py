@@ -118,11 +118,22 @@ class Context:
 
         return {k: v for k, v in self.served_by.items() if k not in NOT_KEYED}
 
+    def assume_served_by(self, identity: dict[str, Any]) -> None:
+        """Take ``identity`` as what answers this run, without asking the backend (``prb
+        plan``, when the backend cannot say: the plan goes on, matching no cached answer)."""
+        self._served_by = identity
+
     @property
     def cache(self) -> RequestCache:
         if self._cache is None:
             self._cache = RequestCache(self.run_dir.cache_path)
         return self._cache
+
+    def use_cache(self, cache: RequestCache) -> None:
+        """Look requests up in ``cache`` instead of opening the run's cache.sqlite for
+        writing (``prb plan``: the file opened read-only, or an empty stand-in); closed with
+        the context."""
+        self._cache = cache
 
     @contextlib.asynccontextmanager
     async def llm(self, stage: str) -> AsyncIterator[LLMRunner]:
@@ -156,7 +167,7 @@ class Context:
 
 @dataclass
 class PlannedExample:
-    """What a stage would do for one example (``prb plan``, pipeline/plan.py)."""
+    """What a stage would do for one example (``prb plan``, pipeline/plan/)."""
 
     example_id: str
     # the first attempts the stage sends for it: the same requests `run` builds

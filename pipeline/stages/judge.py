@@ -313,7 +313,7 @@ class JudgeStage(Stage):
         if current:
             yield current
 
-    # ---- prb plan (pipeline/plan.py) ---------------------------------------------------
+    # ---- prb plan (pipeline/plan/) ------------------------------------------------------
     def plan_examples(
         self, ctx: Context, done: AbstractSet[str], placeholders: Placeholders
     ) -> Iterator[PlannedExample]:

@@ -411,7 +411,7 @@ class ResponseStage(Stage):
             llm_stats = runner.stats.as_dict()
         return self._stats(out, llm_stats, len(done), loop.pending, skipped)
 
-    # ---- prb plan (pipeline/plan.py) ---------------------------------------------------
+    # ---- prb plan (pipeline/plan/) ------------------------------------------------------
     def plan_examples(
         self, ctx: Context, done: AbstractSet[str], placeholders: Placeholders
     ) -> Iterator[PlannedExample]:

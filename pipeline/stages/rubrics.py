@@ -291,7 +291,7 @@ class RubricStage(Stage):
         stats["reasked_too_few"] = reasked
         return stats
 
-    # ---- prb plan (pipeline/plan.py) ---------------------------------------------------
+    # ---- prb plan (pipeline/plan/) ------------------------------------------------------
     def plan_examples(
         self, ctx: Context, done: AbstractSet[str], placeholders: Placeholders
     ) -> Iterator[PlannedExample]:

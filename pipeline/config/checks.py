@@ -1,0 +1,151 @@
+"""Checks run on a validated config before anything else happens: settings that contradict
+each other, paths that are not what they must be, schemas that do not fit their max_tokens.
+Each raises one ConfigError naming the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pipeline.config.sections import Config
+from pipeline.errors import ConfigError
+from pipeline.inputs import FORMATS
+from pipeline.io import path_kind
+
+
+def check_input_path(
+    path: Path,
+    want: Literal["file", "folder or parquet file"],
+    *,
+    field: str,
+    source: str,
+    what: str = "a JSONL file",
+) -> None:
+    """Refuse an existing input path that is not what ``want`` says, before anything opens
+    it: a named pipe or a device would be read forever. A missing path is left to the
+    reader, which says so."""
+    kind = path_kind(path)
+    if kind is None or (kind == "a file" and want == "file"):
+        return
+    if want == "folder or parquet file" and (
+        kind == "a folder" or (kind == "a file" and path.suffix.lower() == ".parquet")
+    ):
+        if kind == "a folder":
+            # datasets reads every file of the folder: a pipe in it hangs as well
+            for inner in sorted(path.rglob("*")):
+                inner_kind = path_kind(inner)
+                if inner_kind not in ("a file", "a folder", None):
+                    raise ConfigError(
+                        f"{inner} in the dataset folder is {inner_kind}, not a file; "
+                        "remove it or point input.path at a clean copy",
+                        path=source,
+                        field=field,
+                    )
+        return
+    if want != "file":
+        what = "a `datasets` folder or a .parquet file"
+    raise ConfigError(
+        f"{path} is {kind}, not {what}; point {field} at {what}", path=source, field=field
+    )
+
+
+def check_input_paths(cfg: Config, source: str) -> None:
+    """Every input path the config names is what its format reads (nothing is read yet)."""
+    for field, p, want in FORMATS.get(cfg.input.format).path_fields(cfg.input):
+        resolved = cfg.resolve_input(p)
+        if resolved is not None:
+            try:
+                check_input_path(resolved, want, field=field, source=source)
+            except ConfigError as exc:
+                other = FORMATS.detect(resolved)
+                if other is None or other == cfg.input.format:
+                    raise
+                hint = f"; it looks like input.format '{other}'"
+                raise ConfigError(exc.reason + hint, path=source, field=field) from None
+    section = cfg.backend.section()
+    for field, p, what in section.input_files() if section is not None else []:
+        resolved = cfg.resolve_input(p)
+        if resolved is not None:
+            check_input_path(resolved, "file", field=field, source=source, what=what)
+
+
+def check_consistency(cfg: Config, source: str) -> None:
+    """Settings that are valid one by one but contradict each other (every pair would drop)."""
+    r, p = cfg.rubrics, cfg.pairs
+    prices = cfg.run.prices
+    given = [x is not None for x in (prices.input_usd_per_million, prices.output_usd_per_million)]
+    if any(given) and not all(given):
+        missing = "input" if not given[0] else "output"
+        raise ConfigError(
+            "give both run.prices.input_usd_per_million and output_usd_per_million (0 for a "
+            "side that is free), or neither",
+            path=source,
+            field=f"run.prices.{missing}_usd_per_million",
+        )
+    if cfg.run.budget.usd is not None and not all(given):
+        raise ConfigError(
+            "run.budget.usd needs the backend's prices: set run.prices.input_usd_per_million "
+            "and output_usd_per_million",
+            path=source,
+            field="run.budget.usd",
+        )
+    if r.min_items > r.max_items:
+        raise ConfigError(
+            f"rubrics.min_items ({r.min_items}) exceeds rubrics.max_items ({r.max_items}); "
+            "lower min_items or raise max_items",
+            path=source,
+            field="rubrics.min_items",
+        )
+    if p.length_ratio_min > p.length_ratio_max:
+        raise ConfigError(
+            f"pairs.length_ratio_min ({p.length_ratio_min}) exceeds pairs.length_ratio_max "
+            f"({p.length_ratio_max}), so every pair would be dropped; swap or widen them",
+            path=source,
+            field="pairs.length_ratio_min",
+        )
+    if p.similarity_min > p.similarity_max:
+        raise ConfigError(
+            f"pairs.similarity_min ({p.similarity_min}) exceeds pairs.similarity_max "
+            f"({p.similarity_max}), so every pair would be dropped; swap or widen them",
+            path=source,
+            field="pairs.similarity_min",
+        )
+    if "length" in p.filters:
+        # both answers hold 1..cap words, so chosen/rejected lies within [1/cap, cap]
+        cap = int(cfg.responses.word_cap * (1 + p.length_slack))
+        if p.length_ratio_min > cap or p.length_ratio_max < 1 / max(cap, 1):
+            raise ConfigError(
+                f"pairs.length_ratio_min/max [{p.length_ratio_min}, {p.length_ratio_max}] "
+                f"excludes every ratio two answers of 1 to {cap} words can have, so every pair "
+                "would be dropped",
+                path=source,
+                field="pairs.length_ratio_min",
+            )
+
+
+def check_output_dir(cfg: Config, source: str) -> None:
+    """run.output_dir (and the run directory in it) must be folders, or not exist yet."""
+    for p in (Path(cfg.run.output_dir), cfg.run_dir):
+        probe = p
+        # the first part of the path that exists must be a folder
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if probe.exists() and not probe.is_dir():
+            field = "run.output_dir" if p != cfg.run_dir else "run.name"
+            raise ConfigError(
+                f"{probe} is a file, not a folder; point run.output_dir at a folder "
+                "(or move the file away)",
+                path=source,
+                field=field,
+            )
+
+
+def check_schema_budgets(cfg: Config, source: str) -> None:
+    """Every JSON schema a stage sends must fit its max_tokens (see pipeline/schemas.py):
+    found now, not after an hour of cut-off answers."""
+    from pipeline.schemas import check_budgets
+
+    problems = check_budgets(cfg)
+    if problems:
+        field, why = problems[0]
+        raise ConfigError(why, path=source, field=field)

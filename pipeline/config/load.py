@@ -1,0 +1,121 @@
+"""Loading a config: read the YAML file, apply ``--set`` overrides, validate, then check
+(pipeline/config/checks.py). Errors name the file, the line or the dotted field."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from pipeline.backends.settings import move_flat_keys
+from pipeline.config.checks import (
+    check_consistency,
+    check_input_paths,
+    check_output_dir,
+    check_schema_budgets,
+)
+from pipeline.config.overrides import apply_overrides, flat_backend_keys, warn_flat_keys
+from pipeline.config.sections import Config
+from pipeline.config.yamlfile import check_plain, read_config_file
+from pipeline.errors import ConfigError
+from pipeline.redact import redact, register_names, register_value, url_secrets
+
+_SECRET_KEYS = {"api_key", "token", "password", "secret", "access_token"}
+
+
+def _fields_of(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names valid at ``loc`` (for 'did you mean')."""
+    cur: Any = model
+    for part in loc[:-1]:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
+            return []
+        f = cur.model_fields.get(str(part))
+        if f is None:
+            return []
+        cur = f.annotation
+    if isinstance(cur, type) and issubclass(cur, BaseModel):
+        return list(cur.model_fields)
+    return []
+
+
+def format_validation(err: ValidationError, source: str) -> ConfigError:
+    lines: list[tuple[str, str]] = []
+    first_field = None
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        field = ".".join(str(p) for p in loc) or "<root>"
+        first_field = first_field or field
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            name = str(loc[-1])
+            if name.lower() in _SECRET_KEYS or name.lower().endswith(("_key", "_token")):
+                msg = (
+                    "secrets are not read from config files; put the value in an environment "
+                    "variable and name it (e.g. backend.openai.api_key_env)"
+                )
+            else:
+                known = _fields_of(Config, loc)
+                close = difflib.get_close_matches(name, known, n=1)
+                msg = "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")
+                if known:
+                    msg += f" (known: {', '.join(known)})"
+        lines.append((field, msg))
+    # one line: a single problem reads "<file>, field 'x': <what>", several are listed
+    if len(lines) == 1:
+        return ConfigError(redact(lines[0][1]), path=source, field=first_field)
+    detail = "; ".join(f"field '{f}': {m}" for f, m in lines)
+    return ConfigError(
+        redact(f"invalid config ({len(lines)} problems): {detail}"), path=source, field=first_field
+    )
+
+
+def config_from_overrides(overrides: list[str]) -> Config:
+    """The defaults with ``--set`` overrides, for commands run without a config file; a bad
+    value is one ConfigError naming the field."""
+    warn_flat_keys(flat_backend_keys({}, overrides), "--set")
+    data = apply_overrides({}, overrides)
+    check_plain(data, "--set")
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as err:
+        raise format_validation(err, "--set") from None
+    register_names([*cfg.backend.secret_env_names(), cfg.annotation.token_env])
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load, override and validate a YAML config; errors name the file and the field.
+
+    The environment variables the config names as holding secrets are registered with
+    ``pipeline.redact``, so that every later error and echo masks their values.
+    """
+    path = Path(path)
+    data = read_config_file(path)
+    source = str(path) + (" (with --set overrides)" if overrides else "")
+    warn_flat_keys(flat_backend_keys(data, overrides or []), source)
+    data = apply_overrides(data, overrides or [], cwd_paths=True)
+    check_plain(data, source)
+    backend = data.get("backend")
+    if isinstance(backend, dict):
+        try:  # moved here too, so that a clash names the file
+            data["backend"], _ = move_flat_keys(backend)
+        except ValueError as exc:
+            raise ConfigError(str(exc), path=source, field="backend") from None
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as err:
+        raise format_validation(err, source) from None
+    except RecursionError:
+        raise ConfigError("nested too deeply", path=source) from None
+    register_names([*cfg.backend.secret_env_names(), cfg.annotation.token_env])
+    for url in (*cfg.backend.urls(), cfg.annotation.url):
+        for secret in url_secrets(url) if url else []:
+            register_value(secret)
+    cfg.set_base_dir(path.resolve().parent)  # before the checks that look at the run dir
+    check_consistency(cfg, source)
+    check_output_dir(cfg, source)
+    check_schema_budgets(cfg, source)
+    check_input_paths(cfg, source)
+    return cfg

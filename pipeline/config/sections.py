@@ -1,0 +1,545 @@
+"""The config's sections: one pydantic model per YAML section, and ``Config`` composing them.
+
+Every field has a type, a default where one makes sense and a one-line description
+(``prb config show`` prints them resolved). Secrets never live here: the config names the
+environment variable that holds a key, never the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, field_validator
+
+from pipeline.backends.settings import BackendSection
+from pipeline.backends.settings import check_http_url as _check_http_url
+from pipeline.errors import ConfigError
+from pipeline.inputs import FORMATS
+from pipeline.redact import public_url
+from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
+from pipeline.rules import default as rule_default
+from pipeline.section import Section
+
+STRATEGIES = ("avoid_all", "violate_one", "other_user")
+Strategy = Literal["avoid_all", "violate_one", "other_user"]
+
+
+class _Section(Section):
+    """A section of the config (the rules every section keeps: pipeline/section.py)."""
+
+
+class BudgetSection(_Section):
+    """What a run may spend (docs/plan.md). Counted over the run's life for the backend that
+    answers it: the answers its cache.sqlite holds, plus what this invocation receives."""
+
+    # bounds guard against typos (an extra zero or two), not real budgets
+    requests: int | None = Field(
+        None,
+        ge=1,
+        le=10**12,
+        description="Stop before a request would take the run's answered requests past this "
+        "many; none: no limit.",
+    )
+    tokens: int | None = Field(
+        None,
+        ge=1,
+        le=10**15,
+        description="Stop before a request could take the run's prompt plus output tokens past "
+        "this many; none: no limit.",
+    )
+    usd: float | None = Field(
+        None,
+        gt=0,
+        le=10**9,
+        description="Stop before a request could take the run's cost at run.prices past this "
+        "many US dollars; none: no limit.",
+    )
+
+
+class PricesSection(_Section):
+    """A hosted API's prices, for the cost `prb plan`, the stats, `prb status` and the card
+    show, and for run.budget.usd."""
+
+    input_usd_per_million: float | None = Field(
+        None, ge=0, le=1_000_000, description="US dollars per million prompt tokens; none: unknown."
+    )
+    output_usd_per_million: float | None = Field(
+        None, ge=0, le=1_000_000, description="US dollars per million output tokens; none: unknown."
+    )
+
+
+class RunSection(_Section):
+    name: str = Field("run", description="Run name; the run directory is <output_dir>/<name>.")
+    output_dir: Path = Field(
+        Path("outputs"),
+        description="Folder holding run directories; relative: to the config file's folder "
+        "(from --set: to the current folder).",
+    )
+    seed: int = Field(0, description="Base seed: sampling seeds and A/B shuffles derive from it.")
+    # neither decides a stage's output: they are not in any stage's fingerprint
+    budget: BudgetSection = Field(
+        default_factory=BudgetSection,
+        description="Spending limits checked before each request is sent (docs/plan.md).",
+    )
+    prices: PricesSection = Field(
+        default_factory=PricesSection, description="Per-million-token prices of the backend."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not v or "/" in v or v in (".", ".."):
+            raise ValueError("must be a plain folder name (no '/')")
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
+            raise ValueError("must be a plain folder name without control characters (NUL...)")
+        if len(v.encode("utf-8", "surrogatepass")) > 255:
+            raise ValueError("must be at most 255 bytes long (a file system limit)")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _int64_seed(cls, v: int) -> int:
+        # stored in SQLite, parquet and request bodies, all of which hold 64-bit integers
+        if not -(2**63) <= v < 2**63:
+            raise ValueError("must fit in a signed 64-bit integer")
+        return v
+
+
+def _shard_size(stage: str) -> Any:
+    """A stage's own shard size: every stage section has one, of the same default."""
+    return Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description=f"Examples per {stage} stage output shard (a crash loses at most one).",
+    )
+
+
+class InputSection(_Section):
+    format: str = Field(
+        "lamp",
+        # the registry's formats, each described by its reader class
+        description="; ".join(f"{n}: {FORMATS.get(n).summary.rstrip('.')}" for n in FORMATS.names())
+        + ". Others: docs/inputs.md.",
+    )
+    path: Path | None = Field(
+        None, description="lamp: the JSONL file; hf: the dataset folder or parquet file."
+    )
+    users_path: Path | None = Field(None, description="generic: the users JSONL file.")
+    questions_path: Path | None = Field(None, description="generic: the questions JSONL file.")
+    dataset: str | None = Field(
+        None,
+        description="hub: the dataset's Hub name (e.g. alireza7/LaMP-QA) or a local dataset "
+        "repository folder.",
+    )
+    configs: list[str] = Field(
+        default_factory=list,
+        description="hub: the configs to read, in order; each config's name is the category "
+        "of its rows that carry none; empty: the dataset's default config.",
+    )
+    revision: str | None = Field(None, description="hub: a branch, tag or commit; none: main.")
+    cache_dir: Path | None = Field(
+        None, description="hub: the datasets cache folder; none: HF_DATASETS_CACHE or its default."
+    )
+    split: str | None = Field(
+        None, description="hf: split to read from a DatasetDict folder; hub: the split to load."
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="hf, hub: our field name -> the source column name (e.g. {question: query}).",
+    )
+    # upper bounds on counts guard against typos (an extra zero or two), not real inputs
+    limit: int | None = Field(
+        None, ge=1, le=1_000_000_000, description="Read at most this many examples."
+    )
+    chunk_size: int = _shard_size("ingest")
+
+    @field_validator("format")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        # the list of formats is the registry's (pipeline/inputs/), not kept here
+        if v not in FORMATS:
+            raise ValueError(FORMATS.unknown(v))
+        return v
+
+    @field_validator("configs")
+    @classmethod
+    def _unique_configs(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("configs must not repeat")
+        return v
+
+
+class SamplingSection(_Section):
+    temperature: float = Field(0.8, ge=0, le=2, description="Sampling temperature.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass.")
+    # 2**20 tokens: more than any model's whole context window
+    max_tokens: int = Field(400, ge=1, le=2**20, description="Longest answer in tokens.")
+
+
+class ProfileSection(_Section):
+    top_k: int = Field(
+        10, ge=1, le=10_000, description="Past posts kept per example, most relevant first."
+    )
+    ranker: Literal["bm25", "embedding", "contriever"] = Field(
+        "bm25",
+        description="bm25: lexical, no model; embedding: sentence-transformers; contriever: "
+        "a transformers encoder, mean pooling and dot product (the reference's ranking).",
+    )
+    embedding_model: str = Field(
+        "all-MiniLM-L6-v2",
+        description="embedding: a local sentence-transformers model path or name.",
+    )
+    contriever_model: str = Field(
+        "facebook/contriever-msmarco",
+        description="contriever: a transformers encoder's Hub name or local folder.",
+    )
+    batch_size: int = Field(
+        16, ge=1, le=4096, description="contriever: texts per encoder forward pass."
+    )
+
+    @property
+    def model(self) -> str:
+        """The chosen ranker's model ("" for bm25, which needs none)."""
+        return {"embedding": self.embedding_model, "contriever": self.contriever_model}.get(
+            self.ranker, ""
+        )
+
+
+class RubricsSection(_Section):
+    source: Literal["given", "generated"] = Field(
+        "given", description="given: the input's rubric_aspects; generated: derived by the LLM."
+    )
+    # every aspect is judged as its own item of one request: 100 is far past useful
+    min_items: int = Field(
+        2, ge=1, le=100, description="Fewest aspects a generated rubric may have."
+    )
+    max_items: int = Field(6, ge=1, le=100, description="Most aspects a generated rubric may have.")
+    merge_threshold: float = Field(
+        90.0,
+        ge=0,
+        le=100,
+        description="rapidfuzz token_set_ratio at or above which two aspects are merged.",
+    )
+    sampling: SamplingSection = Field(
+        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=2048),
+        description="Sampling for rubric generation (greedy by default: one rubric per user); "
+        "max_tokens also sizes the schema's text fields.",
+    )
+    reasks: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="Re-asks, with the reason, when merging near-duplicate aspects leaves "
+        "fewer than min_items.",
+    )
+    chunk_size: int = _shard_size("rubrics")
+
+
+class ResponsesSection(_Section):
+    n: int = Field(
+        2, ge=1, le=100, description="Candidates per side (chosen, and per strategy rejected)."
+    )
+    strategies: list[Strategy] = Field(
+        default_factory=lambda: list[Strategy](["avoid_all"]),
+        min_length=1,
+        description="Rejected strategies: avoid_all, violate_one, other_user.",
+    )
+    word_cap: int = Field(
+        100, ge=10, le=10_000, description="Word cap stated to the model for both sides."
+    )
+    sampling: SamplingSection = Field(
+        default_factory=SamplingSection, description="Sampling for chosen and rejected answers."
+    )
+    chunk_size: int = _shard_size("responses")
+
+    @field_validator("strategies")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("strategies must not repeat")
+        return v
+
+
+class JudgeSection(_Section):
+    model: str | None = Field(
+        None, description="Judge model; default: backend.model (a stronger judge is better)."
+    )
+    sampling: SamplingSection = Field(
+        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=1024),
+        description="Sampling for judge calls (greedy: verdicts should be reproducible); "
+        "max_tokens also sizes the verdict schemas' rationales.",
+    )
+    rationale_max_chars: int = Field(
+        300,
+        ge=40,
+        le=100_000,
+        description="Longest rationale a verdict schema allows (shorter when max_tokens is "
+        "tight; see pipeline/schemas.py).",
+    )
+    max_pairs_per_example: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="Chosen x rejected combinations per example sent to the pairwise judge, "
+        "best pointwise margin first.",
+    )
+    chunk_size: int = _shard_size("judge")
+
+
+class PairsSection(_Section):
+    filters: list[str] = Field(
+        default_factory=lambda: [
+            "judge_parse",
+            "truncated",
+            "empty",
+            "truncated_text",
+            "refusal",
+            "meta_text",
+            "rubric_echo",
+            "length",
+            "quality_floor",
+            "quality_gap",
+            "coverage",
+            "pairwise_consistency",
+            "similarity",
+            "near_duplicate",
+        ],
+        description="Pair filters in the order they run (see docs/filters.md).",
+    )
+    quality_floor: int = Field(
+        rule_default("quality_floor"),
+        ge=1,
+        le=5,
+        description="Both answers score at least this on all three dimensions.",
+    )
+    quality_gap_max: int = Field(
+        rule_default("quality_gap_max"),
+        ge=0,
+        le=4,
+        description="Largest allowed difference on any quality dimension.",
+    )
+    coverage_chosen_min: int = Field(
+        rule_default("coverage_chosen_min"),
+        ge=0,
+        le=2,
+        description="The chosen answer's least coverage score on every item.",
+    )
+    coverage_rejected_max: int = Field(
+        rule_default("coverage_rejected_max"),
+        ge=0,
+        le=2,
+        description="The rejected answer's highest score on its violated items.",
+    )
+    coverage_kept_min: int = Field(
+        rule_default("coverage_kept_min"),
+        ge=0,
+        le=2,
+        description="violate_one: the rejected answer's least score on the items it keeps.",
+    )
+    # ten times the cap is no cap at all
+    length_slack: float = Field(
+        rule_default("length_slack"),
+        ge=0,
+        le=10,
+        description="Word cap tolerance: both answers <= word_cap * (1 + slack).",
+    )
+    # the word counts of two capped answers differ by less than word_cap * (1 + slack)
+    length_ratio_min: float = Field(
+        rule_default("length_ratio_min"),
+        gt=0,
+        le=1000,
+        description="Least chosen/rejected word-count ratio.",
+    )
+    length_ratio_max: float = Field(
+        rule_default("length_ratio_max"),
+        gt=0,
+        le=1000,
+        description="Largest chosen/rejected ratio.",
+    )
+    similarity_min: float = Field(
+        rule_default("similarity_min"),
+        ge=0,
+        le=100,
+        description="Least word-level similarity (rapidfuzz Indel, 0-100).",
+    )
+    similarity_max: float = Field(
+        rule_default("similarity_max"),
+        ge=0,
+        le=100,
+        description="Largest word-level similarity (near-identical above).",
+    )
+    dedup_question_threshold: float = Field(
+        rule_default("dedup_question_threshold"),
+        ge=0,
+        le=100,
+        description="One user's questions this similar are duplicates.",
+    )
+    dedup_answer_threshold: float = Field(
+        rule_default("dedup_answer_threshold"),
+        ge=0,
+        le=100,
+        description="Answers this similar are duplicates: within a user, or both answers of "
+        "a pair across users (docs/audit.md).",
+    )
+    dedup_profile_threshold: float = Field(
+        rule_default("dedup_profile_threshold"),
+        ge=0,
+        le=100,
+        description="Profiles this similar are one person for dedup.",
+    )
+    echo_min_words: int = Field(
+        rule_default("echo_min_words"),
+        ge=1,
+        le=1000,
+        description="rubric_echo: least words a rubric aspect needs to count.",
+    )
+    echo_threshold: float = Field(
+        rule_default("echo_threshold"),
+        ge=0,
+        le=100,
+        description="rubric_echo: least partial match (0-100) of an aspect.",
+    )
+    meta_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_META_PATTERNS),
+        description="Regexes (case-insensitive) that mark an answer talking about its brief "
+        "(defaults: pipeline/rules/patterns.py, docs/audit.md).",
+    )
+    refusal_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_REFUSAL_PATTERNS),
+        description="Regexes (case-insensitive) that mark a refusal.",
+    )
+    chunk_size: int = _shard_size("pairs")
+
+    @field_validator("filters")
+    @classmethod
+    def _known_filters(cls, v: list[str]) -> list[str]:
+        from pipeline.filters import FILTERS
+
+        for name in v:
+            try:
+                FILTERS.check(name)
+            except ConfigError as exc:
+                raise ValueError(exc.reason) from None
+        return v
+
+    @field_validator("meta_patterns", "refusal_patterns")
+    @classmethod
+    def _valid_regexes(cls, v: list[str]) -> list[str]:
+        # compiled as the filters compile them, so a bad one fails here, not after the LLM calls
+        for i, pattern in enumerate(v):
+            try:
+                rx = re.compile(pattern, re.IGNORECASE | re.MULTILINE)
+            except (re.error, RecursionError, OverflowError) as exc:
+                raise ValueError(
+                    f"item {i} is not a valid regular expression ({exc}); fix or remove it"
+                ) from None
+            if rx.search("") is not None:
+                raise ValueError(
+                    f"item {i} ({pattern!r}) matches empty text, so it would drop every pair"
+                )
+        return v
+
+
+class AnnotationSection(_Section):
+    url: str | None = Field(
+        None,
+        description="An existing Label Studio server; none: the local one `prb annotate serve` "
+        "starts on 127.0.0.1.",
+    )
+    port: int = Field(8089, ge=1, le=65535, description="Port of the local server.")
+    token_env: str = Field(
+        "LABEL_STUDIO_API_KEY",
+        description="Environment variable holding the Label Studio API token.",
+    )
+    server_venv: Path = Field(
+        Path(".labelstudio/venv"),
+        description="Virtual environment holding the label-studio server (created if missing).",
+    )
+    data_dir: Path = Field(
+        Path(".labelstudio/data"),
+        description="LABEL_STUDIO_BASE_DATA_DIR of the local server (its SQLite and media).",
+    )
+    sample_size: int = Field(
+        200, ge=1, le=1_000_000, description="Pairs sampled per round (gold excluded)."
+    )
+    stratify_by: list[Literal["category", "strategy", "confidence"]] = Field(
+        default_factory=lambda: list[Literal["category", "strategy", "confidence"]](
+            ["category", "strategy", "confidence"]
+        ),
+        description="Strata the sample is spread over; confidence: the judge margin's tercile.",
+    )
+    gold_tasks: int = Field(
+        10,
+        ge=0,
+        le=10_000,
+        description="Attention-check tasks with a known answer added to a round of "
+        "annotation.sample_size pairs; a round with fewer pairs gets the same share, rounded "
+        "up (at least 1).",
+    )
+    batch_size: int = Field(100, ge=1, le=10_000, description="Tasks per import request.")
+    min_votes: int = Field(
+        2,
+        ge=1,
+        le=100,
+        description="Annotations a pair needs before it can be verified or refuted.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        return None if v is None else _check_http_url(v)
+
+
+class Config(_Section):
+    run: RunSection = Field(default_factory=RunSection, description="Run identity and seed.")
+    input: InputSection = Field(
+        default_factory=InputSection, description="Where examples come from."
+    )
+    backend: BackendSection = Field(default_factory=BackendSection, description="LLM backend.")
+    profile: ProfileSection = Field(
+        default_factory=ProfileSection, description="Profile selection."
+    )
+    rubrics: RubricsSection = Field(default_factory=RubricsSection, description="Rubric stage.")
+    responses: ResponsesSection = Field(
+        default_factory=ResponsesSection, description="Response stage."
+    )
+    judge: JudgeSection = Field(default_factory=JudgeSection, description="Judge stage.")
+    pairs: PairsSection = Field(default_factory=PairsSection, description="Pair stage.")
+    annotation: AnnotationSection = Field(
+        default_factory=AnnotationSection, description="Human verification rounds."
+    )
+
+    # Where the config file lives; relative input paths resolve against it.
+    _base_dir: Path = Path(".")
+
+    def set_base_dir(self, folder: Path) -> None:
+        """Resolve relative paths of this config against ``folder`` (the config file's)."""
+        self._base_dir = folder
+
+    def resolve_input(self, p: Path | None) -> Path | None:
+        """A path from the config: relative ones are the config file's folder's."""
+        if p is None:
+            return None
+        p = Path(p).expanduser()
+        return p if p.is_absolute() else (self._base_dir / p)
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory, absolute: the same folder wherever `prb` is started."""
+        out = self.resolve_input(Path(self.run.output_dir))
+        assert out is not None
+        return Path(os.path.abspath(out / self.run.name))
+
+    def to_yaml(self) -> str:
+        """The resolved config as YAML, with the credentials in URLs (user:password@, a
+        key in the query string) left out."""
+        data = self.model_dump(mode="json")
+        data["backend"] = self.backend.public(data["backend"])
+        if data["annotation"].get("url"):
+            data["annotation"]["url"] = public_url(data["annotation"]["url"])
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)

@@ -1,0 +1,360 @@
+"""The estimate: every stage's requests counted from its own request builders
+(``Stage.plan_examples``), looked up in the run's cache, their tokens counted, and the
+totals, time and cost summed; see the package's docstring."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from pipeline.backends import BACKENDS
+from pipeline.budget import Spend, backend_spend, cost_usd, request_bound
+from pipeline.cache import RequestCache
+from pipeline.chat import ChatRequest
+from pipeline.config import Config
+from pipeline.errors import BackendError
+from pipeline.plan.counters import TokenCounter, WordCounter, choose_counter
+from pipeline.plan.placeholders import NoCache, make_filler
+from pipeline.plan.result import Figures, Plan, StageEstimate
+from pipeline.plan.throughput import throughput
+from pipeline.run import RunDir
+from pipeline.stages.base import Context, PlannedExample, Stage
+
+LOOKUP_BATCH = 900
+
+
+def _measured(ledger: list[dict[str, Any]], served_by: str) -> dict[str, dict[str, Any]]:
+    """Per stage, this backend's answers in the cache (``RequestCache.ledger``): mean output
+    tokens per choice and the share of re-asks."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in ledger:
+        if row["served_by"] != served_by or not row["answers"]:
+            continue
+        first = row["answers"] - row["reasks"]
+        out[row["stage"]] = {
+            **row,
+            "output_per_choice": row["completion_tokens"] / max(row["choices"], 1),
+            "prompt_per_answer": row["prompt_tokens"] / row["answers"],
+            "reask_rate": row["reasks"] / first if first > 0 else None,
+        }
+    return out
+
+
+def _count(
+    est: StageEstimate,
+    planned: Iterable[PlannedExample],
+    done: set[str] | None,
+    cache: RequestCache,
+    counter: TokenCounter,
+    mean: float | None,
+    keep_rows: list[dict] | None,
+    placeholder: tuple[str, int, int] | None = None,
+) -> None:
+    """Count the planned requests into ``est``; what is done (``done`` None: everything)
+    or cached is not to be sent. Rows of examples still to do go to ``keep_rows``.
+    ``placeholder``: the placeholder answer's text, and the tokens and the bytes an answer
+    may have beyond it (at ``max_tokens``), for the prompt bounds."""
+    batch: list[tuple[ChatRequest, bool]] = []
+
+    def flush() -> None:
+        present = cache.present(r.key for r, settled in batch if not settled)
+        for req, settled in batch:
+            # (a key is hashed only when the cache holds something to find)
+            cached = settled or (bool(present) and req.key in present)
+            tokens = counter.count(req)
+            prompt_bound = tokens
+            budget_prompt = request_bound(req).prompt_tokens
+            if placeholder is not None and placeholder[1] > 0:
+                held = sum(c.count(placeholder[0]) for _, c in req.messages)
+                prompt_bound += held * placeholder[1]
+                budget_prompt += held * placeholder[2]
+            bound = req.max_tokens * req.n
+            expected = min(mean, req.max_tokens) * req.n if mean is not None else None
+            for fig in (est.total,) if cached else (est.total, est.to_send):
+                fig.requests += 1
+                fig.prompt_tokens += tokens
+                fig.prompt_bound += prompt_bound
+                fig.budget_prompt += budget_prompt
+                fig.output_bound += bound
+                fig.choices += req.n
+                if expected is not None:
+                    fig.output_expected = (fig.output_expected or 0.0) + expected
+            est.cached += cached
+        batch.clear()
+
+    for pe in planned:
+        est.examples += 1
+        is_done = done is None or pe.example_id in done
+        if not is_done:
+            est.examples_to_do += 1
+            est.estimated |= pe.estimated
+            est.placeholders |= pe.placeholders
+            if keep_rows is not None:
+                keep_rows.extend(pe.rows)
+        for req in pe.requests:
+            batch.append((req, is_done or pe.replayed > 0))
+        if len(batch) >= LOOKUP_BATCH:
+            flush()
+    flush()
+
+
+def _ingest_rows(ctx: Context, action: str) -> list[dict]:
+    """The examples: from the ingest stage when it is done, else read and ranked in memory
+    as the ingest stage would (pipeline/stages/ingest.py)."""
+    if action == "skip":
+        return list(ctx.run_dir.stage("ingest").rows())
+    from pipeline.ingest import iter_examples
+    from pipeline.stages.ingest import IngestStage
+
+    rows = []
+    for r in iter_examples(ctx.config.input, ctx.config.resolve_input):
+        r["profile_view"] = IngestStage.profile_view(ctx, r)
+        rows.append(r)
+    return rows
+
+
+def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
+    """What answers this run, as the plan can know it without writing or sending."""
+    from pipeline.backends.identity import describe
+
+    try:
+        ident = ctx.served_by
+    except BackendError as exc:
+        note = f"the backend's identity is unknown ({exc})"
+        if has_cache:
+            note += "; the cache cannot be matched, so every request counts as to be sent"
+        ctx.assume_served_by({"kind": "unknown", "model_output": True, "reason": str(exc)[:200]})
+        return "unknown: " + str(exc)[:200], [note]
+    return describe(ident), list(dict.fromkeys(ctx.warnings))
+
+
+def estimate(
+    config: Config,
+    *,
+    until: str | None = None,
+    only: str | None = None,
+    tokens_per_second: float | None = None,
+    fresh: bool = False,
+) -> Plan:
+    """Plan the run ``config`` describes; writes nothing, sends no request. ``fresh``: as
+    if nothing had run yet (no run directory, no cache): what the plan said before the run,
+    which a finished stage's actual figures are compared with."""
+    from pipeline.orchestrate import check_contracts, plan_stages
+    from pipeline.stages import ORDER, STAGES
+
+    t0 = time.perf_counter()
+    names = plan_stages(until, only)
+    last = ORDER.index(names[-1])
+    stages: dict[str, Stage] = {n: STAGES.get(n)() for n in ORDER[: last + 1]}
+    check_contracts(stages)
+    # a fresh plan looks at a run directory that is not there (nothing is created)
+    rd = RunDir(config.run_dir / ".prb-plan-fresh" if fresh else config.run_dir)
+    ctx = Context(config=config, run_dir=rd, progress=False, planned_rows={})
+    has_cache = rd.cache_path.is_file()
+    ctx.use_cache(RequestCache(rd.cache_path, readonly=True) if has_cache else NoCache())
+    try:
+        return _estimate(ctx, stages, names, has_cache, tokens_per_second, t0)
+    finally:
+        ctx.close()
+
+
+def _estimate(
+    ctx: Context,
+    stages: dict[str, Stage],
+    names: list[str],
+    has_cache: bool,
+    tokens_per_second: float | None,
+    t0: float,
+) -> Plan:
+    from pipeline.orchestrate import make_plan
+
+    config, rd, cache = ctx.config, ctx.run_dir, ctx.cache
+    assert ctx.planned_rows is not None
+    llm_stages = [n for n, s in stages.items() if s.uses_llm(ctx)]
+    backend, notes = _identity(ctx, has_cache) if llm_stages else ("none (no LLM stage)", [])
+    served_by = ctx.served_by_id if llm_stages else ""
+    plans = make_plan(ctx, stages, names)
+    ledger = cache.ledger()
+    measured = _measured(ledger, served_by) if served_by else {}
+    kind = BACKENDS.get(config.backend.name)
+    models = {
+        n: kind.stage_model(config.backend, config.judge.model if n == "judge" else None)
+        for n in llm_stages
+    }
+    counters: dict[str, TokenCounter] = {}
+    for model in dict.fromkeys(models.values()):
+        counters[model], more = choose_counter(config, ctx.served_by, model, cache, served_by)
+        notes += more
+
+    ingest_plan = plans[0]
+    ingest_rows = _ingest_rows(ctx, ingest_plan.action)
+    if ingest_plan.action != "skip":
+        ctx.planned_rows["ingest"] = ingest_rows
+    first_counter = counters[models[llm_stages[0]]] if llm_stages else WordCounter()
+    filler, filler_notes = make_filler(config, rd, ingest_rows, first_counter, measured)
+    out = [
+        StageEstimate(
+            "ingest",
+            ingest_plan.action,
+            False,
+            len(ingest_rows),
+            0 if ingest_plan.action == "skip" else len(ingest_rows),
+        )
+    ]
+    placeholders_in: set[str] = set()  # stages whose planned rows hold placeholders
+    used_filler = False
+    for p in plans[1:]:
+        name, stage = p.name, p.stage
+        uses = stage.uses_llm(ctx)
+        est = StageEstimate(name, p.action, uses)
+        sd = rd.stage(name)
+        if p.action == "skip":
+            done: set[str] | None = None
+        elif p.action == "resume" and stage.resumable:
+            done = sd.done_examples()
+        else:
+            done = set()
+        if not uses and name != "rubrics":
+            # the pair stage: no request, and no later LLM stage reads its rows
+            est.examples = out[-1].examples
+            est.examples_to_do = est.examples if p.action != "skip" else 0
+            out.append(est)
+            continue
+        counter = counters[models[name]].fresh() if uses else WordCounter()
+        m = measured.get(name, {})
+        mean = m.get("output_per_choice")
+        keep: list[dict] | None = None if p.action == "skip" else []
+        est.estimated = any(u in placeholders_in for u in stage.reads)
+        placeholder = None
+        if "responses" in placeholders_in and uses:
+            text = filler.answer()
+            extra = max(config.responses.sampling.max_tokens - counter.text(text), 0)
+            # the budget counts a prompt's bytes: the placeholder's bytes per token
+            per_token = len(text.encode("utf-8")) / max(counter.text(text), 1)
+            placeholder = (text, extra, math.ceil(extra * per_token))
+        planned = stage.plan_examples(ctx, set(), filler)
+        _count(est, planned, done, cache, counter, mean, keep, placeholder)
+        if keep is not None:
+            if done:  # resumed: what is on disk, then what the rest would add
+                keep = list(sd.rows()) + keep
+            ctx.planned_rows[name] = keep
+            if est.placeholders:
+                placeholders_in.add(name)
+                used_filler = True
+        if uses:
+            est.tokens = counter.method
+            est.output_mean = mean
+            if mean is not None:
+                est.output_basis = (
+                    f"{mean:.1f} tokens per answer: the mean of {m['choices']:,} "
+                    "answers of this backend in the cache"
+                )
+            else:
+                est.output_basis = "no answers of this backend to measure: the bound only"
+            rate = m.get("reask_rate")
+            est.reask_rate = rate
+            if rate and est.to_send.requests:
+                est.reasks_expected = rate * est.to_send.requests
+                per_out = (m["completion_tokens"] / m["answers"]) if m.get("answers") else 0.0
+                est.reask_prompt_tokens = est.reasks_expected * (m["prompt_per_answer"] + per_out)
+                est.reask_output_tokens = est.reasks_expected * per_out
+            if m:
+                est.actual = {
+                    k: m[k] for k in ("answers", "reasks", "prompt_tokens", "completion_tokens")
+                }
+        out.append(est)
+    if used_filler:
+        notes = filler_notes + notes
+    if "rubrics" in placeholders_in:
+        notes.append(
+            "the bounds count rubrics not yet generated at their expected size: for the "
+            "stages that quote them, the prompt bound is an estimate"
+        )
+    spent = backend_spend(cache, served_by) if served_by else None
+    totals, time_, cost = _summarise(ctx, out, tokens_per_second, measured, spent)
+    return Plan(
+        run_dir=rd.shown,
+        backend=backend,
+        stages=out,
+        totals=totals,
+        time=time_,
+        cost=cost,
+        notes=notes,
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+
+
+def _summarise(
+    ctx: Context,
+    stages: list[StageEstimate],
+    tokens_per_second: float | None,
+    measured: dict[str, dict[str, Any]],
+    spent: Spend | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    send = Figures()
+    expected_known = True
+    reasks = reask_prompt = reask_output = 0.0
+    reask_budget_prompt = reask_budget_output = 0.0
+    for e in stages:
+        if not e.uses_llm:
+            continue
+        s = e.to_send
+        send.requests += s.requests
+        send.prompt_tokens += s.prompt_tokens
+        send.prompt_bound += s.prompt_bound
+        send.budget_prompt += s.budget_prompt
+        send.output_bound += s.output_bound
+        if s.requests and e.reasks_expected:
+            # a re-ask repeats the prompt with the answer and the reason appended, and a
+            # cut-off one doubles max_tokens: counted at twice a first attempt's bound
+            reask_budget_prompt += e.reasks_expected * 2 * s.budget_prompt / s.requests
+            reask_budget_output += e.reasks_expected * 2 * s.output_bound / s.requests
+        if s.requests and s.output_expected is None:
+            expected_known = False
+        send.output_expected = (send.output_expected or 0.0) + (s.output_expected or 0.0)
+        reasks += e.reasks_expected
+        reask_prompt += e.reask_prompt_tokens
+        reask_output += e.reask_output_tokens
+    expected_out = (send.output_expected or 0.0) + reask_output if expected_known else None
+    prompt_all = send.prompt_tokens + reask_prompt
+    totals: dict[str, Any] = {
+        "requests_to_send": send.requests,
+        "reasks_expected": round(reasks, 1),
+        "prompt_tokens": round(prompt_all),
+        "output_tokens_expected": round(expected_out) if expected_out is not None else None,
+        "output_tokens_bound": send.output_bound,
+        "prompt_tokens_bound": send.prompt_bound,
+    }
+    prices = ctx.config.run.prices
+    spent = spent or Spend()
+    # the run.budget under which the rest finishes: what this backend was paid so far
+    # (the budget counts it) and the budget's own bound of every request still to send,
+    # so a run given these limits is never refused a request the plan counted
+    prompt_total = spent.prompt_tokens + send.budget_prompt + math.ceil(reask_budget_prompt)
+    output_total = spent.completion_tokens + send.output_bound + math.ceil(reask_budget_output)
+    totals["budget_to_finish"] = {
+        "requests": spent.requests + send.requests + math.ceil(round(reasks, 6)),
+        "tokens": prompt_total + output_total,
+        "usd": cost_usd(prompt_total, output_total, prices),
+        "spent_requests": spent.requests,
+        "spent_tokens": spent.tokens,
+    }
+    tps, source = throughput(ctx, tokens_per_second, measured)
+    out_tokens = expected_out if expected_out is not None else float(send.output_bound)
+    time_ = {
+        "output_tokens_per_second": tps,
+        "source": source,
+        "seconds": round(out_tokens / tps, 1) if tps else None,
+        "basis": "expected output" if expected_out is not None else "output bound",
+    }
+    cost = {
+        "input_usd_per_million": prices.input_usd_per_million,
+        "output_usd_per_million": prices.output_usd_per_million,
+        "usd_expected": cost_usd(prompt_all, expected_out, prices)
+        if expected_out is not None
+        else None,
+        "usd_bound": cost_usd(send.prompt_bound, send.output_bound, prices),
+    }
+    return totals, time_, cost
