@@ -98,7 +98,9 @@ def _results_state() -> dict[str, str]:
 
 
 def _env(tmp_path: Path, name: str) -> tuple[dict[str, str], list[str]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    # this checkout first; whatever the environment adds (an engine's own folder) after
+    paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     extra: list[str] = []
     if name == "vllm_throughput":
         from test_gpu_scripts import FAKE_SAMPLING_PARAMS, FAKE_VLLM
