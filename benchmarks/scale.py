@@ -61,6 +61,7 @@ import itertools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sqlite3
@@ -817,11 +818,14 @@ def growth(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def ratios(a: dict[str, Any], b: dict[str, Any], work: float) -> dict[str, float]:
     t = b["wall_s"] / a["wall_s"]
+    c = b["cpu_s"] / max(a["cpu_s"], 1e-9)
     return {
         "time_ratio": round(t, 3),
-        "cpu_ratio": round(b["cpu_s"] / max(a["cpu_s"], 1e-9), 3),
+        "cpu_ratio": round(c, 3),
         "work_ratio": round(work, 3),
         "growth": round(t / work, 3),
+        # CPU time over work: what a busy shared machine's wall times blur
+        "cpu_growth": round(c / work, 3),
         "rss_ratio": round(b["peak_rss_bytes"] / a["peak_rss_bytes"], 3),
     }
 
@@ -882,6 +886,133 @@ def targets(sizes: list[dict[str, Any]], grow: list[dict[str, Any]]) -> dict[str
     }
 
 
+# ---- the commands after the LLM stages at sizes a full run cannot reach here ---------------
+_WORD = re.compile(r"[A-Za-z]+")
+REPLICATED_STAGES = ("ingest", "rubrics", "responses", "judge")
+
+
+def replicate_run(src: Path, dst: Path, copies: int) -> dict[str, int]:
+    """``copies`` copies of a finished run's ingest, rubrics, responses and judge rows in a
+    new run directory: ids get a per-copy suffix, and every word of a text (question,
+    profile posts, narrative, answers) a per-copy letter, so no copy near-duplicates
+    another and the pair stage keeps as many pairs per copy as the source run. The
+    replicas are synthetic data about synthetic data: they measure the stages that read
+    the LLM stages' rows (pairs, publish, audit) at sizes whose LLM stages would take
+    hours here, not the LLM stages."""
+    from pipeline.orchestrate import content_id
+    from pipeline.run import RunDir
+
+    ids: set[str] = set()
+    for stage, keys in (("ingest", ("example_id", "user_id", "source_id")),
+                        ("responses", ("candidate_id",))):  # fmt: skip
+        for p in sorted((src / stage).glob("data-*.jsonl")):
+            with open(p, encoding="utf-8") as fh:
+                ids.update(str(r[k]) for r in map(json.loads, fh) for k in keys if r.get(k))
+    for p in sorted((src / "judge").glob("data-*.jsonl")):
+        with open(p, encoding="utf-8") as fh:
+            ids.update(pw["pair_id"] for r in map(json.loads, fh) for pw in r["pairwise"])
+
+    def copy_of(v: Any, k: int, key: str | None = None) -> Any:
+        if k == 0:
+            return v
+        if isinstance(v, dict):
+            return {(f"{a}x{k}" if a in ids else a): copy_of(b, k, a) for a, b in v.items()}
+        if isinstance(v, list):
+            return [copy_of(x, k, key) for x in v]
+        if isinstance(v, str):
+            if v in ids:
+                return f"{v}x{k}"
+            if key in ("text", "question", "narrative"):
+                tail = "abcdefghijklmnopqrstuvwxyz"[k % 26] * (1 + k // 26)
+                return _WORD.sub(lambda m: m.group(0) + tail, v)
+        return v
+
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    shutil.copy(src / "run.yaml", dst / "run.yaml")
+    rd = RunDir(dst)
+    rows: dict[str, int] = {}
+    for stage in REPLICATED_STAGES:
+        sd = rd.stage(stage)
+        sd.path.mkdir(parents=True)
+        shutil.copy(src / stage / "stage.json", sd.path / "stage.json")
+        rows[stage] = 0
+        for k in range(copies):
+            for p in sorted((src / stage).glob("data-*.jsonl")):
+                with open(p, encoding="utf-8") as fh:
+                    part = [copy_of(json.loads(line), k) for line in fh]
+                sd.write_shard(part)
+                rows[stage] += len(part)
+        done = json.loads((src / stage / "_DONE.json").read_text())
+        # the upstream content ids of the replicas, so the pair stage finds them current
+        inputs = {u: content_id(rd.stage(u)) for u in done.get("inputs") or {}}
+        sd.finish(json.loads((src / stage / "stats.json").read_text()), inputs=inputs)
+    return rows
+
+
+def measure_replicated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """pairs, publish and audit on replicas of a finished run (see replicate_run)."""
+    import yaml
+
+    src = args.replicate.resolve()
+    base = yaml.safe_load((src / "run.yaml").read_text())
+    sizes = []
+    for copies in args.copies:
+        sdir = work / f"x{copies}"
+        logs = sdir / "logs"
+        logs.mkdir(parents=True)
+        run_dir = sdir / "outputs" / src.name
+        t0 = time.perf_counter()
+        rows = replicate_run(src, run_dir, copies)
+        cfg = {**base, "run": {**base["run"], "output_dir": str(run_dir.parent)}}
+        cfg_path = sdir / "replica.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        entry: dict[str, Any] = {
+            "copies": copies,
+            "examples": rows["ingest"],
+            "rows": rows,
+            "replicate_seconds": round(time.perf_counter() - t0, 1),
+        }
+        pairs = run_stage(cfg_path, run_dir, "pairs", logs, "replica", args.max_seconds)
+        stats = json.loads((run_dir / "pairs" / "stats.json").read_text())
+        pairs["kept"] = stats.get("kept")
+        say(entry["examples"], "copy", "pairs", pairs)
+        entry["stages"] = {"pairs": pairs}
+        cmds: dict[str, Any] = {}
+        entry["commands"] = cmds
+        if pairs["status"] == "ok":
+            release, report = sdir / "release", sdir / "audit"
+            cmds["publish"] = measure_publish(run_dir, release, logs, args.max_seconds)
+            say(entry["examples"], "copy", "publish", cmds["publish"])
+            if cmds["publish"]["status"] == "ok":
+                cmds["audit"] = measure_audit(release, report, logs, args.max_seconds)
+                say(entry["examples"], "copy", "audit", cmds["audit"])
+        every = [pairs, *cmds.values()]
+        entry["status"] = "ok" if len(every) == 3 and all(c["status"] == "ok" for c in every) \
+            else "failed"  # fmt: skip
+        sizes.append(entry)
+        if not args.keep:
+            shutil.rmtree(sdir, ignore_errors=True)
+    grow = []
+    for a, b in itertools.pairwise([x for x in sizes if x["status"] == "ok"]):
+        pa, pb = a["commands"]["publish"], b["commands"]["publish"]
+        aa, ab = a["commands"]["audit"], b["commands"]["audit"]
+        per = {
+            "pairs": ratios(
+                a["stages"]["pairs"], b["stages"]["pairs"], b["examples"] / a["examples"]
+            ),
+            "publish": ratios(pa, pb, pb["rows"] / pa["rows"]),
+            "audit": ratios(aa, ab, ab["pairs"] / aa["pairs"]),
+        }
+        grow.append({"from": a["examples"], "to": b["examples"], "stages": per})
+    return {
+        "source_run": str(src),
+        "method": replicate_run.__doc__.replace("\n    ", " ").strip(),
+        "sizes": sizes,
+        "growth": grow,
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,10000,100000", help="comma-separated example counts")
@@ -901,6 +1032,14 @@ def main(argv: list[str] | None = None) -> None:
         "command line as is",
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
+    ap.add_argument(
+        "--replicate",
+        type=Path,
+        help="instead of the sizes: a finished run directory whose LLM stages' rows are "
+        "copied --copies times, then pairs, publish and audit are measured on the copies; "
+        "written under 'replicated' in --out, the rest of --out kept",
+    )
+    ap.add_argument("--copies", default="10,30", help="with --replicate: comma-separated")
     # internal: the bare client, run by this script in its own process
     ap.add_argument("--bare-client", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stage", help=argparse.SUPPRESS)
@@ -927,6 +1066,25 @@ def main(argv: list[str] | None = None) -> None:
     if not sizes or min(sizes) < 1:
         ap.error("--sizes: give at least one positive size")
     args.size_list = sizes
+    if args.replicate:
+        args.copies = [int(c) for c in args.copies.split(",") if c.strip()]
+        if args.workdir:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="bench-replica-", dir=args.workdir))
+        try:
+            replicated = measure_replicated(args, work)
+        finally:
+            if not args.keep:
+                shutil.rmtree(work, ignore_errors=True)
+        result = json.loads(args.out.read_text()) if args.out.exists() else {}
+        result["replicated"] = {**replicated, "command": run_metadata().get("command"),
+                                "timestamp": run_metadata().get("timestamp")}  # fmt: skip
+        write_json(args.out, result)
+        for g in replicated["growth"]:
+            cells = ", ".join(f"{k} {v['growth']:.2f}" for k, v in g["stages"].items())
+            print(f"growth {g['from']} -> {g['to']} (replicas): {cells}")
+        print(f"\nwrote {args.out}")
+        return
 
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
@@ -987,7 +1145,8 @@ def build_result(
             "for all stages (the command a user re-runs; its wall time, start-up included, "
             "against the first run's total); all_cached: no request sent, no cache row added",
             "growth": "time ratio / work ratio between consecutive sizes (requests for LLM "
-            "stages, rows written for publish, pairs read for audit, examples otherwise)",
+            "stages, rows written for publish, pairs read for audit, examples otherwise); "
+            "cpu_growth: the same with CPU seconds",
             "commands": "plan: `prb plan CONFIG --json --tokens-per-second "
             f"{PLAN_TOKENS_PER_SECOND:g}` before the run (no run directory yet), its estimate "
             "per LLM stage over what the run sent (against_run); publish: `prb publish RUN "

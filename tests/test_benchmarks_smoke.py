@@ -98,7 +98,9 @@ def _results_state() -> dict[str, str]:
 
 
 def _env(tmp_path: Path, name: str) -> tuple[dict[str, str], list[str]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    # this checkout first; whatever the environment adds (an engine's own folder) after
+    paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     extra: list[str] = []
     if name == "vllm_throughput":
         from test_gpu_scripts import FAKE_SAMPLING_PARAMS, FAKE_VLLM
@@ -149,3 +151,41 @@ def test_smoke_run_never_writes_into_results(tmp_path: Path) -> None:
     assert json.loads(written.read_text())["smoke"] is True
     written.unlink()
     written.parent.rmdir()
+
+
+def test_replicas_keep_as_many_pairs_per_copy(tmp_path: Path, server) -> None:
+    """scale.py --replicate's copies: new ids, no copy a near-duplicate of another, so the
+    pair stage on 3 copies keeps 3 times the pairs of the run they were copied from, and
+    every kept pair's texts are the source's words with the copy's suffix."""
+    import importlib
+
+    from conftest import write_config
+
+    from pipeline.config import load_config
+    from pipeline.orchestrate import run_pipeline
+    from pipeline.run import RunDir
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        scale = importlib.import_module("scale")
+    finally:
+        sys.path.remove(str(BENCH))
+    cfg = load_config(write_config(tmp_path, server))
+    stats = run_pipeline(cfg, progress=False, echo=lambda _m: None)
+    kept = stats["pairs"]["kept"]
+    assert kept > 0
+    dst = tmp_path / "replica" / "outputs" / "t"
+    rows = scale.replicate_run(cfg.run_dir, dst, 3)
+    assert rows["ingest"] == 3 * stats["ingest"]["examples"]
+
+    replica = load_config(write_config(tmp_path / "replica", server))
+    assert replica.run_dir == dst
+    again = run_pipeline(replica, only="pairs", progress=False, echo=lambda _m: None)
+    assert again["pairs"]["kept"] == 3 * kept
+    pairs = list(RunDir(dst).stage("pairs").rows())
+    assert len({p["pair_id"] for p in pairs}) == len({p["example_id"] for p in pairs}) == 3 * kept
+    source = {p["example_id"]: p for p in RunDir(cfg.run_dir).stage("pairs").rows()}
+    for p in pairs:
+        base, _, copy = p["example_id"].partition("x")
+        if copy:
+            assert p["chosen"].split()[0] == source[base]["chosen"].split()[0] + "abcd"[int(copy)]
