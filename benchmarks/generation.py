@@ -157,9 +157,7 @@ def write_config(workdir: Path, name: str, input_path: Path, base_url: str, conc
         "backend": {
             "name": "openai",
             "model": MODEL,
-            "base_url": base_url,
-            "max_concurrency": conc,
-            "timeout_s": 120,
+            "openai": {"base_url": base_url, "max_concurrency": conc, "timeout_s": 120},
         },
         "rubrics": {"source": "given"},
         "responses": {"n": 2, "strategies": ["avoid_all"]},

@@ -62,7 +62,11 @@ def write_config(work: Path, name: str, data: Path, base_url: str) -> Path:
     cfg = {
         "run": {"name": name, "output_dir": str(work / "outputs"), "seed": 0, "prices": PRICES},
         "input": {"format": "lamp", "path": str(data)},
-        "backend": {"name": "openai", "model": MODEL, "base_url": base_url, "timeout_s": 10},
+        "backend": {
+            "name": "openai",
+            "model": MODEL,
+            "openai": {"base_url": base_url, "timeout_s": 10},
+        },
         "profile": {"top_k": 10, "ranker": "bm25"},
         "rubrics": {"source": "given"},
         "responses": {"n": N, "strategies": STRATEGIES},

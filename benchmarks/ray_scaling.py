@@ -76,8 +76,7 @@ def write_config(
         "backend": {
             "name": "ray",
             "model": MODEL,
-            "base_url": base_url,
-            "timeout_s": 120,
+            "openai": {"base_url": base_url, "timeout_s": 120},
             "ray": {
                 "engine": "http",
                 "replicas": workers,

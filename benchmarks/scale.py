@@ -232,9 +232,7 @@ def write_config(work: Path, name: str, data: Path, base_url: str, concurrency: 
         "backend": {
             "name": "openai",
             "model": MODEL,
-            "base_url": base_url,
-            "max_concurrency": concurrency,
-            "timeout_s": 120,
+            "openai": {"base_url": base_url, "max_concurrency": concurrency, "timeout_s": 120},
         },
         "profile": {"top_k": 10, "ranker": "bm25"},
         "rubrics": {"source": "given"},
