@@ -209,7 +209,10 @@ def batch_bound(latency_ms: float, sigma: float, batch_size: int, trials: int = 
     return {
         "model": "one batch at a time per worker: r = batch_size / E[max latency of a batch]",
         "expected_batch_max_latency_ms": round(expected_max_ms, 1),
-        "requests_per_s_per_worker": round(batch_size / (expected_max_ms / 1000.0), 1),
+        # at zero latency (a smoke run) there is no bound from latency
+        "requests_per_s_per_worker": (
+            round(batch_size / (expected_max_ms / 1000.0), 1) if expected_max_ms > 0 else None
+        ),
         "note": "a pool that keeps batch_size requests in flight all the time (the openai "
         "backend) is bounded by Little's law instead: see latency_model",
     }
