@@ -275,11 +275,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = estimate(cfg, **kw)
     # finished stages are compared with what a plan said before they ran
     finished = any(e.action == "skip" and e.actual for e in plan.stages)
-    fresh = estimate(cfg, **kw, fresh=True) if finished else None
+    # a fresh plan has no earlier stage done: `--only STAGE` is planned from the start up
+    # to that stage, and only the stages this plan shows are compared
+    fresh_kw = {**kw, "until": args.only or args.until, "only": None}
+    fresh = estimate(cfg, **fresh_kw, fresh=True) if finished else None
+    shown = {e.stage for e in plan.stages}
     if args.json:
         data = plan.as_dict()
         if fresh is not None:
-            data["before_the_run"] = {e.stage: asdict(e.total) for e in fresh.stages}
+            data["before_the_run"] = {
+                e.stage: asdict(e.total) for e in fresh.stages if e.stage in shown
+            }
         print(json.dumps(data, indent=2))
     else:
         command = command_line(
@@ -498,12 +504,20 @@ def _not_started(target: Path, overrides: list[str]) -> str | None:
     the command that starts it (the same --set options); None otherwise."""
     if not (target.is_file() and target.suffix in (".yaml", ".yml")):
         return None
+    import contextlib
+    import io
+
     from pipeline.config import load_config
     from pipeline.run import RunDir
 
-    rd = RunDir(load_config(target, overrides).run_dir)
+    # its warnings (a deprecated key) are shown once: here when the run has not begun,
+    # else by the command's own load of the same config
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        rd = RunDir(load_config(target, overrides).run_dir)
     if rd.path.exists():
         return None
+    sys.stderr.write(said.getvalue())
     start = command_line(["prb", "run", target], overrides)
     return f"no run yet at {rd.shown}: start it with `{start}`"
 

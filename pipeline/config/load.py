@@ -95,14 +95,18 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     data = read_config_file(path)
     source = str(path) + (" (with --set overrides)" if overrides else "")
     warn_flat_keys(flat_backend_keys(data, overrides or []), source)
-    data = apply_overrides(data, overrides or [], cwd_paths=True)
-    check_plain(data, source)
     backend = data.get("backend")
     if isinstance(backend, dict):
-        try:  # moved here too, so that a clash names the file
+        # the file's once-flat keys move into their sections before the --set options
+        # apply, so that `--set backend.openai.base_url=...` overrides a file's flat
+        # `backend.base_url` (a --set of a flat key is moved by apply_overrides); a clash
+        # within the file names the file
+        try:
             data["backend"], _ = move_flat_keys(backend)
         except ValueError as exc:
-            raise ConfigError(str(exc), path=source, field="backend") from None
+            raise ConfigError(str(exc), path=str(path), field="backend") from None
+    data = apply_overrides(data, overrides or [], cwd_paths=True)
+    check_plain(data, source)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
