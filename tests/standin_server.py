@@ -109,6 +109,8 @@ def _phrase(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(n))
 
 
+# The same generator as pipeline/backends/instance.py, kept here on purpose: the stand-in
+# runs with aiohttp and the standard library alone (tests/test_readme.py holds it to that).
 def generate_from_schema(
     schema: dict[str, Any], rng: random.Random, root: dict[str, Any] | None = None, depth: int = 0
 ) -> Any:
