@@ -706,7 +706,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.run is None:
         return list_runs()
     if args.stage not in ORDER:
-        raise _unknown_stage(args.stage)
+        raise _unknown_stage(args.stage, "the STAGE argument")
     rd, _ = open_run(args.run, args.overrides)
     sd = rd.stage(args.stage)
     if not sd.path.exists():

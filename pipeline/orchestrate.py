@@ -119,22 +119,23 @@ def explain_change(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> 
     return "; ".join(changed[:limit]) + more if changed else "settings changed"
 
 
-def _unknown_stage(name: str) -> ConfigError:
+def _unknown_stage(name: str, option: str = "stage") -> ConfigError:
+    """``option`` is what the user typed the name into (``--until``, ``--only``...)."""
     import difflib
 
     close = difflib.get_close_matches(name, ORDER, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     return ConfigError(
-        f"unknown stage '{name}'.{hint} Stages in run order: {', '.join(ORDER)}", field="stage"
+        f"{option}: unknown stage '{name}'.{hint} Stages in run order: {', '.join(ORDER)}"
     )
 
 
 def plan_stages(
     until: str | None = None, only: str | None = None, redo: str | None = None
 ) -> list[str]:
-    for name in (until, only, redo):
+    for option, name in (("--until", until), ("--only", only), ("--redo", redo)):
         if name is not None and name not in ORDER:
-            raise _unknown_stage(name)
+            raise _unknown_stage(name, option)
     if until and only:
         raise ConfigError("use --until or --only, not both")
     if only:

@@ -77,7 +77,9 @@ def test_relative_input_resolves_against_config_folder(tmp_path):
     [
         ({"responses": {"nn": 2}}, "responses.nn", "did you mean 'n'"),
         ({"responses": {"n": 0}}, "responses.n", "greater than or equal to 1"),
-        ({"responses": {"n": "many"}}, "responses.n", "integer"),
+        ({"responses": {"n": "many"}}, "responses.n", "must be a whole number, got 'many'"),
+        ({"backend": {"vllm": 3}}, "backend.vllm", "must be a section of settings"),
+        ({"run": {"name": ""}}, "run.name", "must not be empty"),
         ({"responses": {"strategies": ["avoid_al"]}}, "responses.strategies.0", "avoid_all"),
         ({"backend": {"name": "vlm"}}, "backend.name", "Did you mean 'vllm'"),
         ({"backend": {"api_key": "sk-live-123"}}, "backend.api_key", "environment variable"),

@@ -4,6 +4,7 @@ sources), responses (all three strategies), invalidation, status and secrets."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -161,7 +162,8 @@ def test_only_needs_upstream(tmp_path, server):
 
 def test_unknown_stage_suggests(tmp_path, server):
     cfg_path = write_config(tmp_path, server)
-    with pytest.raises(Exception, match="Did you mean 'responses'"):
+    wanted = "--until: unknown stage 'response'. Did you mean 'responses'"
+    with pytest.raises(Exception, match=re.escape(wanted)):
         _run(cfg_path, until="response")
 
 

@@ -40,6 +40,32 @@ def _fields_of(model: type[BaseModel], loc: tuple) -> list[str]:
     return []
 
 
+def _shown(value: Any) -> str:
+    """A short rendering of what the user gave, for "got ..." (never a long value)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain_words(e: Any) -> str:
+    """pydantic's message in the project's words: what the field must be, and what it got.
+    pydantic says "Input should be ..." and names its own classes ("a valid dictionary or
+    instance of VLLMSettings"); a user wrote a YAML key, not a Python object."""
+    kind = e["type"]
+    msg = str(e["msg"]).removeprefix("Value error, ")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        got = _shown(e.get("input"))
+        return f"must be a section of settings (indented `key: value` lines), got {got}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        msg = "Input should be a whole number"
+    elif kind in ("float_parsing", "float_type"):
+        msg = "Input should be a number"
+    if msg.startswith("Input should be "):
+        msg = "must be " + msg.removeprefix("Input should be ")
+        if "input" in e and not isinstance(e["input"], (dict, list)):
+            msg += f", got {_shown(e['input'])}"
+    return msg
+
+
 def format_validation(err: ValidationError, source: str) -> ConfigError:
     lines: list[tuple[str, str]] = []
     first_field = None
@@ -47,7 +73,7 @@ def format_validation(err: ValidationError, source: str) -> ConfigError:
         loc = tuple(e["loc"])
         field = ".".join(str(p) for p in loc) or "<root>"
         first_field = first_field or field
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = _plain_words(e)
         if e["type"] == "extra_forbidden":
             name = str(loc[-1])
             if name.lower() in _SECRET_KEYS or name.lower().endswith(("_key", "_token")):

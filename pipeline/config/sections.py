@@ -92,7 +92,9 @@ class RunSection(_Section):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, v: str) -> str:
-        if not v or "/" in v or v in (".", ".."):
+        if not v:
+            raise ValueError("must not be empty: it names the run's folder under run.output_dir")
+        if "/" in v or v in (".", ".."):
             raise ValueError("must be a plain folder name (no '/')")
         if any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
             raise ValueError("must be a plain folder name without control characters (NUL...)")
