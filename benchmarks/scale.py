@@ -948,6 +948,120 @@ def replicate_run(src: Path, dst: Path, copies: int) -> dict[str, int]:
     return rows
 
 
+_PAIR_IDS = ("pair_id", "example_id", "user_id", "source_id", "chosen_id", "rejected_id",
+             "candidate_id")  # fmt: skip
+_PAIR_TEXTS = ("text", "question", "narrative", "chosen", "rejected")
+
+
+def replicate_pairs(src: Path, dst: Path, copies: int) -> dict[str, int]:
+    """The run as it is (its files linked, not copied), but its pair stage's kept pairs
+    ``copies`` times: ids get a per-copy suffix and every word of a text (question, answers,
+    narrative, profile posts) a per-copy letter, as :func:`replicate_run` does. The pair
+    stage is not run again: this measures `prb publish` and `prb audit` at sizes whose
+    pair stage alone would take long here (its own growth is measured by the replicas of
+    :func:`replicate_run` and by the sizes)."""
+    from pipeline.run import RunDir
+
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dst, copy_function=os.link)
+    sd = RunDir(dst).stage("pairs")
+    done = json.loads((src / "pairs" / "_DONE.json").read_text())
+    ids: set[str] = set()
+
+    def gather(v: Any, key: str | None = None) -> None:
+        if isinstance(v, dict):
+            for a, b in v.items():
+                gather(b, a)
+        elif isinstance(v, list):
+            for x in v:
+                gather(x, key)
+        elif isinstance(v, str) and key in _PAIR_IDS:
+            ids.add(v)
+
+    shards = sorted((src / "pairs").glob("data-*.jsonl"))
+    for p in shards:
+        with open(p, encoding="utf-8") as fh:
+            for line in fh:
+                gather(json.loads(line))
+
+    def copy_of(v: Any, k: int, key: str | None = None) -> Any:
+        if k == 0:
+            return v
+        if isinstance(v, dict):
+            return {a: copy_of(b, k, a) for a, b in v.items()}
+        if isinstance(v, list):
+            return [copy_of(x, k, key) for x in v]
+        if isinstance(v, str):
+            if v in ids:
+                return f"{v}x{k}"
+            if key in _PAIR_TEXTS:
+                tail = "abcdefghijklmnopqrstuvwxyz"[k % 26] * (1 + k // 26)
+                return _WORD.sub(lambda m: m.group(0) + tail, v)
+        return v
+
+    for f in list(sd.path.iterdir()):
+        if f.name.startswith(("data-", "rejects-", "_DONE")):
+            f.unlink()
+    n = 0
+    for k in range(copies):
+        for p in shards:
+            with open(p, encoding="utf-8") as fh:
+                part = [copy_of(json.loads(line), k) for line in fh]
+            sd.write_shard(part)
+            n += len(part)
+    stats = json.loads((src / "pairs" / "stats.json").read_text())
+    (sd.path / "stats.json").unlink()
+    sd.finish(stats, inputs=done.get("inputs") or {})
+    return {"pairs": n}
+
+
+def measure_replicated_pairs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """`prb publish` and `prb audit` on a run whose kept pairs are copied (replicate_pairs)."""
+    src = args.replicate.resolve()
+    sizes = []
+    for copies in args.copies:
+        sdir = work / f"p{copies}"
+        logs = sdir / "logs"
+        logs.mkdir(parents=True)
+        run_dir = sdir / "outputs" / src.name
+        t0 = time.perf_counter()
+        rows = replicate_pairs(src, run_dir, copies)
+        entry: dict[str, Any] = {
+            "copies": copies,
+            "pairs": rows["pairs"],
+            "replicate_seconds": round(time.perf_counter() - t0, 1),
+        }
+        cmds: dict[str, Any] = {}
+        entry["commands"] = cmds
+        release, report = sdir / "release", sdir / "audit"
+        cmds["publish"] = measure_publish(run_dir, release, logs, args.max_seconds)
+        say(rows["pairs"], "copy", "publish", cmds["publish"])
+        if cmds["publish"]["status"] == "ok":
+            cmds["audit"] = measure_audit(release, report, logs, args.max_seconds)
+            say(rows["pairs"], "copy", "audit", cmds["audit"])
+        entry["status"] = "ok" if all(c["status"] == "ok" for c in cmds.values()) and \
+            len(cmds) == 2 else "failed"  # fmt: skip
+        sizes.append(entry)
+        if not args.keep:
+            shutil.rmtree(sdir, ignore_errors=True)
+    grow = []
+    for a, b in itertools.pairwise([x for x in sizes if x["status"] == "ok"]):
+        pa, pb = a["commands"]["publish"], b["commands"]["publish"]
+        aa, ab = a["commands"]["audit"], b["commands"]["audit"]
+        per = {
+            "publish": ratios(pa, pb, pb["rows"] / pa["rows"]),
+            "audit": ratios(aa, ab, ab["pairs"] / aa["pairs"]),
+        }
+        grow.append({"from": a["pairs"], "to": b["pairs"], "stages": per})
+    return {
+        "source_run": str(src),
+        "method": replicate_pairs.__doc__.replace("\n    ", " ").strip(),
+        "sizes": sizes,
+        "growth": grow,
+    }
+
+
 def measure_replicated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """pairs, publish and audit on replicas of a finished run (see replicate_run)."""
     import yaml
@@ -1038,6 +1152,12 @@ def main(argv: list[str] | None = None) -> None:
         "written under 'replicated' in --out, the rest of --out kept",
     )
     ap.add_argument("--copies", default="10,30", help="with --replicate: comma-separated")
+    ap.add_argument(
+        "--pairs-only",
+        action="store_true",
+        help="with --replicate: copy only the kept pairs and measure publish and audit "
+        "(written under 'replicated_pairs' in --out)",
+    )
     # internal: the bare client, run by this script in its own process
     ap.add_argument("--bare-client", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stage", help=argparse.SUPPRESS)
@@ -1070,13 +1190,15 @@ def main(argv: list[str] | None = None) -> None:
             args.workdir.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="bench-replica-", dir=args.workdir))
         try:
-            replicated = measure_replicated(args, work)
+            measure = measure_replicated_pairs if args.pairs_only else measure_replicated
+            replicated = measure(args, work)
         finally:
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)
         result = json.loads(args.out.read_text()) if args.out.exists() else {}
-        result["replicated"] = {**replicated, "command": run_metadata().get("command"),
-                                "timestamp": run_metadata().get("timestamp")}  # fmt: skip
+        key = "replicated_pairs" if args.pairs_only else "replicated"
+        result[key] = {**replicated, "command": run_metadata().get("command"),
+                       "timestamp": run_metadata().get("timestamp")}  # fmt: skip
         write_json(args.out, result)
         for g in replicated["growth"]:
             cells = ", ".join(f"{k} {v['growth']:.2f}" for k, v in g["stages"].items())

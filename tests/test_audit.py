@@ -299,3 +299,52 @@ def test_rank_auc_matches_sklearn():
     y = rng.integers(0, 2, 300)
     for score in (rng.integers(0, 5, 300).astype(float), rng.normal(size=300)):  # ties, none
         assert _auc(y, score) == pytest.approx(roc_auc_score(y, score), abs=1e-12)
+
+
+@pytest.mark.parametrize("fmt", ["release", "jsonl"])
+def test_compact_rows_give_the_figures_and_flags_of_whole_rows(tmp_path, monkeypatch, fmt):
+    """The audit checks each row's types as it reads it, then keeps only what it reads
+    (the profile as one shared text): its figures and flags are those of the whole rows,
+    read in batches too small to hold a file (a duplicate and a near-duplicate found by
+    their shared profile, as the rows have no user id)."""
+    from pipeline.audit import load as load_mod
+    from pipeline.audit.figures import analyse
+    from pipeline.audit.report import flags_jsonl
+
+    monkeypatch.setattr(load_mod, "BATCH_ROWS", 7)
+    if fmt == "release":
+        src = _release(tmp_path, n=40)
+    else:
+        rows = crafted(40, biased=True)
+        rows[5] = {**rows[4], "id": "ex-dup"}  # the same person, question and answers
+        rows[7] = {**rows[6], "id": "ex-near", "question": rows[6]["question"] + " Please."}
+        src = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    fig = audit(src, tmp_path / "out")
+    whole, source = load_pairs(src)
+    assert isinstance(whole[0]["profile"], list)  # the whole rows: posts as objects
+    figures, flags = analyse(whole, source)
+    figures["checks"]["rules"]["from"] = fig["checks"]["rules"]["from"]
+    written = json.loads((tmp_path / "out" / "audit.json").read_text(encoding="utf-8"))
+    assert written == json.loads(json.dumps(figures))
+    assert (tmp_path / "out" / "flags.jsonl").read_text(encoding="utf-8") == flags_jsonl(flags)
+    if fmt == "jsonl":
+        assert {"duplicate_row", "near_duplicate"} <= {f["check"] for f in flags}
+
+
+def test_compact_reading_names_the_first_bad_row_as_before(tmp_path):
+    """A row of the wrong type is named as the whole-row check names it: the first one,
+    with its file, line and field, and nothing is written."""
+    from pipeline.audit.load import check_types
+
+    rows = crafted(12, biased=False)
+    rows[3]["chosen"] = 7
+    rows[8]["rejected"] = ["not", "text"]
+    src = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    whole, source = load_pairs(src)
+    with pytest.raises(InputError) as want:
+        check_types(whole, source)
+    with pytest.raises(InputError) as got:
+        audit(src, tmp_path / "out")
+    assert str(got.value) == str(want.value)
+    assert "line 4" in str(got.value) and "chosen" in str(got.value)
+    assert not (tmp_path / "out").exists()

@@ -309,3 +309,71 @@ def test_benchmark_throughput_is_read_only_where_a_checkout_has_it(tmp_path, mon
     assert tps is None
     assert "--tokens-per-second" in source and "which this installation lacks" in source
     assert not (tmp_path / "out").exists()  # planning writes nothing
+
+
+def _held(monkeypatch) -> None:
+    """Plan the old way: each stage counted whole before the next, its planned rows held
+    in a list that every later reader reads (what `prb plan` did before it streamed)."""
+    import importlib
+
+    est_mod = importlib.import_module("pipeline.plan.estimate")  # the module, not the function
+
+    class Held(est_mod._Planned):
+        def __init__(self, first, again) -> None:
+            self.rows = list(first)
+
+        def __iter__(self):
+            return iter(self.rows)
+
+        def finish(self) -> None:
+            pass
+
+    monkeypatch.setattr(est_mod, "_Planned", Held)
+
+
+def _figures(plan: Plan) -> dict:
+    out = plan.as_dict()
+    out.pop("seconds")
+    return out
+
+
+@pytest.mark.parametrize("case", ["fresh", "generated", "resumed", "after_responses"])
+def test_the_streamed_plan_is_the_plan_of_rows_held_in_memory(tmp_path, server, monkeypatch, case):
+    """`prb plan` reads each stage's planned rows as they are counted and makes them again
+    for a second reader, never holding them: every figure and note is the one the plan
+    that held every stage's rows gives (fresh, generated rubrics, a run stopped halfway
+    through responses, a run done up to responses), and each example's profile is ranked
+    once however many passes read the examples."""
+    from pipeline.stages.ingest import IngestStage
+
+    sections: dict = {"rubrics": {"source": "generated"}} if case == "generated" else {}
+    if case == "resumed":
+        strategies = ["avoid_all", "violate_one", "other_user"]
+        sections["responses"] = {"chunk_size": 1, "n": 2, "strategies": strategies}
+    cfg = write_config(tmp_path, server, **sections)
+    if case == "resumed":
+        assert main(["run", str(cfg), "--no-progress", "--set", "run.budget.requests=23"]) == 4
+    if case == "after_responses":
+        _run(cfg, until="responses")
+    ranked = []
+    view = IngestStage.profile_view
+    monkeypatch.setattr(
+        IngestStage, "profile_view", lambda ctx, ex: ranked.append(1) or view(ctx, ex)
+    )
+    streamed = estimate(load_config(cfg))
+    examples = _stage(streamed, "ingest").examples
+    assert examples == 12
+    # ranked by the plan only where the ingest stage has not run (else read from its rows)
+    assert len(ranked) == (examples if case in ("fresh", "generated") else 0)
+    if case == "resumed":
+        assert _stage(streamed, "responses").action == "resume"
+    with monkeypatch.context() as m:
+        _held(m)
+        held = estimate(load_config(cfg))
+    assert _figures(streamed) == _figures(held)
+    # the streamed plan's rows held placeholders where the case has them: the judge's
+    # prompt bound counts them (the part settled once the answers' count is complete)
+    judge = _stage(streamed, "judge")
+    assert judge.total.requests > 0
+    if case != "after_responses":
+        assert judge.estimated and judge.to_send.prompt_bound > judge.to_send.prompt_tokens

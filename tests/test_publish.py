@@ -512,3 +512,58 @@ def test_card_names_each_data_file_by_digest_and_tells_how_to_push(run, tmp_path
     body = " ".join(card.split())
     assert 'load_dataset("<this folder>", "Art_and_Entertainment", split="test")' in body
     assert "--push-to-hub" in body and "Society_and_Culture" in body
+
+
+def test_the_streamed_release_is_the_whole_table_written_at_once(run, tmp_path, monkeypatch):
+    """`prb publish` reads the kept pairs twice (where each is, then one at a time in the
+    release's order) and builds each config's columns from batches: every parquet file is
+    byte for byte the one the whole table of rows gives, built and written at once (what
+    publish did before it streamed), and the card's figures are those of all the rows."""
+    import io
+
+    import pyarrow as pa
+
+    from pipeline.publish import make
+    from pipeline.publish.card import config_name
+    from pipeline.release import build_row, features
+
+    monkeypatch.setattr(make._Columns, "BATCH", 3)  # several batches to join per config
+    out = tmp_path / "release"
+    publish(None, run, out_dir=out)
+    rows = [build_row(r, None) for r in RunDir(run).pair_records()]
+    rows.sort(key=lambda r: (r["category"] or "", r["id"]))
+    configs: dict[str, list[dict]] = {"all": rows}
+    for r in rows:
+        configs.setdefault(config_name(r["category"]), []).append(r)
+    assert len(rows) > 2 * make._Columns.BATCH and len(configs) >= 3
+    for name, part in configs.items():
+        whole = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist(part, schema=features().arrow_schema), whole)
+        assert (out / name / DATA_FILE).read_bytes() == whole.getvalue(), name
+    summary = json.loads((out / "release.json").read_text())
+    assert summary["configs"] == {name: len(part) for name, part in configs.items()}
+    assert summary["per_category"] == {
+        str(c): {"pairs": n, "verified": 0} for c, n in Counter(r["category"] for r in rows).items()
+    }
+    prov = summary["provenance"]
+    assert prov["generator_models"] == sorted({r["generator_model"] for r in rows})
+    assert prov["judge_models"] == sorted({r["judge_model"] for r in rows})
+
+
+def test_a_pair_changed_while_publishing_stops_it(run, tmp_path, monkeypatch):
+    """The second read of a pair is checked against the first: a pairs shard changed in
+    between stops the publish with one line naming the shard and line, nothing written."""
+    first = RunDir.located_pair_records
+
+    def then_changed(self):
+        yield from first(self)
+        shard = sorted((run / "pairs").glob("data-*.jsonl"))[0]
+        lines = shard.read_bytes().splitlines(keepends=True)
+        lines[0] = lines[0].replace(b'"margin":', b'"margin": ')
+        shard.write_bytes(b"".join(lines))
+
+    monkeypatch.setattr(RunDir, "located_pair_records", then_changed)
+    out = tmp_path / "release"
+    with pytest.raises(PipelineError, match=r"data-\d+\.jsonl, line 1: changed while"):
+        publish(None, run, out_dir=out)
+    assert not out.exists() and _leftovers(tmp_path) == []

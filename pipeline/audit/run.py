@@ -151,7 +151,7 @@ def audit(
             path=out,
             field="--out",
         )
-    rows, source = load_pairs(path, stale_ok=stale_ok)
+    rows, source = load_pairs(path, stale_ok=stale_ok, compact=True)
     timings["load_s"] = round(time.perf_counter() - clock, 3)
     rules, origin = resolve_rules(path, source, config, word_cap)
     figures, flags = analyse(rows, source, judge, rules=rules, timings=timings)
@@ -159,7 +159,7 @@ def audit(
     del rows
     compare_flags: list[dict[str, Any]] = []
     if compare is not None:
-        other_rows, other_source = load_pairs(Path(compare), stale_ok=stale_ok)
+        other_rows, other_source = load_pairs(Path(compare), stale_ok=stale_ok, compact=True)
         other, compare_flags = analyse(other_rows, other_source, None, rules=rules)
         other["checks"]["rules"]["from"] = origin
         figures["compare"] = other

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeline.backends import BACKENDS
@@ -42,20 +42,29 @@ def _measured(ledger: list[dict[str, Any]], served_by: str) -> dict[str, dict[st
     return out
 
 
-def _count(
+class _Extra:
+    """What a placeholder answer adds to the prompt bounds of one stage's requests: the
+    placeholder's occurrences in its prompts, counted as they pass, and added at the end
+    when the stage it stands for turned out to hold placeholders (``_finish``)."""
+
+    def __init__(self, text: str, tokens: int, nbytes: int) -> None:
+        self.text, self.tokens, self.bytes = text, tokens, nbytes
+        self.held_total = self.held_to_send = 0
+
+
+def _counted(
     est: StageEstimate,
     planned: Iterable[PlannedExample],
     done: set[str] | None,
     cache: RequestCache,
     counter: TokenCounter,
     mean: float | None,
-    keep_rows: list[dict] | None,
-    placeholder: tuple[str, int, int] | None = None,
-) -> None:
-    """Count the planned requests into ``est``; what is done (``done`` None: everything)
-    or cached is not to be sent. Rows of examples still to do go to ``keep_rows``.
-    ``placeholder``: the placeholder answer's text, and the tokens and the bytes an answer
-    may have beyond it (at ``max_tokens``), for the prompt bounds."""
+    extra: _Extra | None = None,
+) -> Iterator[dict]:
+    """Count the planned requests into ``est`` as they pass; what is done (``done`` None:
+    everything) or cached is not to be sent. Yields the rows of examples still to do, for
+    the stages that read them (nothing holds them: see ``_Planned``). ``extra``: where the
+    placeholder answer's occurrences are counted, for the prompt bounds."""
     batch: list[tuple[ChatRequest, bool]] = []
 
     def flush() -> None:
@@ -64,18 +73,19 @@ def _count(
             # (a key is hashed only when the cache holds something to find)
             cached = settled or (bool(present) and req.key in present)
             tokens = counter.count(req)
-            prompt_bound = tokens
-            budget_prompt = request_bound(req).prompt_tokens
-            if placeholder is not None and placeholder[1] > 0:
-                held = sum(c.count(placeholder[0]) for _, c in req.messages)
-                prompt_bound += held * placeholder[1]
-                budget_prompt += held * placeholder[2]
+            held = 0
+            if extra is not None:
+                held = sum(c.count(extra.text) for _, c in req.messages)
+                extra.held_total += held
+                if not cached:
+                    extra.held_to_send += held
             bound = req.max_tokens * req.n
+            budget_prompt = request_bound(req).prompt_tokens
             expected = min(mean, req.max_tokens) * req.n if mean is not None else None
             for fig in (est.total,) if cached else (est.total, est.to_send):
                 fig.requests += 1
                 fig.prompt_tokens += tokens
-                fig.prompt_bound += prompt_bound
+                fig.prompt_bound += tokens
                 fig.budget_prompt += budget_prompt
                 fig.output_bound += bound
                 fig.choices += req.n
@@ -91,8 +101,7 @@ def _count(
             est.examples_to_do += 1
             est.estimated |= pe.estimated
             est.placeholders |= pe.placeholders
-            if keep_rows is not None:
-                keep_rows.extend(pe.rows)
+            yield from pe.rows
         for req in pe.requests:
             batch.append((req, is_done or pe.replayed > 0))
         if len(batch) >= LOOKUP_BATCH:
@@ -100,19 +109,70 @@ def _count(
     flush()
 
 
-def _ingest_rows(ctx: Context, action: str) -> list[dict]:
-    """The examples: from the ingest stage when it is done, else read and ranked in memory
-    as the ingest stage would (pipeline/stages/ingest.py)."""
-    if action == "skip":
-        return list(ctx.run_dir.stage("ingest").rows())
-    from pipeline.ingest import iter_examples
-    from pipeline.stages.ingest import IngestStage
+class _Planned:
+    """The rows a planned stage would write, for the stages after it that read them, never
+    held in memory (they ran to about 34 KB an example: at 100,000 examples, 3.5 GB).
 
-    rows = []
-    for r in iter_examples(ctx.config.input, ctx.config.resolve_input):
-        r["profile_view"] = IngestStage.profile_view(ctx, r)
-        rows.append(r)
-    return rows
+    The first read takes them as the stage's own count makes them (``_counted``), so
+    counting and reading are one pass; a later read makes them again with the stage's
+    ``plan_examples`` (the same code, cache and inputs: the same rows, in the same order).
+    ``finish`` completes the count where no later stage read them to the end."""
+
+    def __init__(self, first: Iterator[dict], again: Callable[[], Iterator[dict]]) -> None:
+        self._first = first
+        self._again = again
+        self._started = False
+
+    def __iter__(self) -> Iterator[dict]:
+        if not self._started:
+            self._started = True
+            return self._first
+        return self._again()
+
+    def finish(self) -> None:
+        for _ in self._first:  # an exhausted generator yields nothing
+            pass
+
+
+class _IngestRows:
+    """The examples, read again on each pass (not held): from the ingest stage when it is
+    done, else read from the input and ranked as the ingest stage would
+    (pipeline/stages/ingest.py). Each example's profile ranking is made once and kept by
+    its position in the input (a few hundred bytes an example), so a pass re-parses the
+    input but never ranks again. ``count``: the examples, once a pass has seen them all."""
+
+    def __init__(self, ctx: Context, action: str) -> None:
+        self.ctx, self.action = ctx, action
+        self.count: int | None = None
+        self._views: list[dict] = []
+
+    def __iter__(self) -> Iterator[dict]:
+        n = 0
+        for n, row in enumerate(self._rows(), 1):  # noqa: B007 - n counts the pass
+            yield row
+        self.count = n
+
+    def _rows(self) -> Iterator[dict]:
+        ctx = self.ctx
+        if self.action == "skip":
+            yield from ctx.run_dir.stage("ingest").rows()
+            return
+        from pipeline.ingest import iter_examples
+        from pipeline.stages.ingest import IngestStage
+
+        views = self._views
+        for i, r in enumerate(iter_examples(ctx.config.input, ctx.config.resolve_input)):
+            if i == len(views):
+                views.append(IngestStage.profile_view(ctx, r))
+            r["profile_view"] = views[i]
+            yield r
+
+    def __len__(self) -> int:
+        if self.count is None:
+            for _ in self:
+                pass
+        assert self.count is not None
+        return self.count
 
 
 def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
@@ -191,26 +251,27 @@ def _estimate(
         notes += more
 
     ingest_plan = plans[0]
-    ingest_rows = _ingest_rows(ctx, ingest_plan.action)
+    ingest_rows = _IngestRows(ctx, ingest_plan.action)
     if ingest_plan.action != "skip":
         ctx.planned_rows["ingest"] = ingest_rows
     first_counter = counters[models[llm_stages[0]]] if llm_stages else WordCounter()
     filler, filler_notes = make_filler(config, rd, ingest_rows, first_counter, measured)
-    out = [
-        StageEstimate(
-            "ingest",
-            ingest_plan.action,
-            False,
-            len(ingest_rows),
-            0 if ingest_plan.action == "skip" else len(ingest_rows),
-        )
-    ]
-    placeholders_in: set[str] = set()  # stages whose planned rows hold placeholders
-    used_filler = False
+    ingest_est = StageEstimate("ingest", ingest_plan.action, False)
+    out = [ingest_est]
+    # A stage's planned rows are read by the stages after it as they are counted (see
+    # _Planned), so a stage's count may finish after a later one's begins: what depends
+    # on the whole of an earlier stage (its placeholders) is settled in _finish below.
+    readers = {
+        u for p in plans[1:] if p.stage.uses_llm(ctx) or p.name == "rubrics" for u in p.stage.reads
+    }
+    sources: list[_Planned] = []
+    counted_names: set[str] = set()  # stages before this one whose rows may hold placeholders
+    counted: list[tuple[StageEstimate, Stage, TokenCounter, dict[str, Any], _Extra | None]] = []
     for p in plans[1:]:
         name, stage = p.name, p.stage
         uses = stage.uses_llm(ctx)
         est = StageEstimate(name, p.action, uses)
+        out.append(est)
         sd = rd.stage(name)
         if p.action == "skip":
             done: set[str] | None = None
@@ -219,57 +280,40 @@ def _estimate(
         else:
             done = set()
         if not uses and name != "rubrics":
-            # the pair stage: no request, and no later LLM stage reads its rows
-            est.examples = out[-1].examples
-            est.examples_to_do = est.examples if p.action != "skip" else 0
-            out.append(est)
-            continue
+            continue  # the pair stage: no request, and no later LLM stage reads its rows
         counter = counters[models[name]].fresh() if uses else WordCounter()
         m = measured.get(name, {})
-        mean = m.get("output_per_choice")
-        keep: list[dict] | None = None if p.action == "skip" else []
-        est.estimated = any(u in placeholders_in for u in stage.reads)
-        placeholder = None
-        if "responses" in placeholders_in and uses:
+        extra = None
+        if uses and "responses" in counted_names:
+            # counted in case the answers turn out to hold placeholders (known at the end)
             text = filler.answer()
-            extra = max(config.responses.sampling.max_tokens - counter.text(text), 0)
+            beyond = max(config.responses.sampling.max_tokens - counter.text(text), 0)
             # the budget counts a prompt's bytes: the placeholder's bytes per token
             per_token = len(text.encode("utf-8")) / max(counter.text(text), 1)
-            placeholder = (text, extra, math.ceil(extra * per_token))
-        planned = stage.plan_examples(ctx, set(), filler)
-        _count(est, planned, done, cache, counter, mean, keep, placeholder)
-        if keep is not None:
-            if done:  # resumed: what is on disk, then what the rest would add
-                keep = list(sd.rows()) + keep
-            ctx.planned_rows[name] = keep
-            if est.placeholders:
-                placeholders_in.add(name)
-                used_filler = True
-        if uses:
-            est.tokens = counter.method
-            est.output_mean = mean
-            if mean is not None:
-                est.output_basis = (
-                    f"{mean:.1f} tokens per answer: the mean of {m['choices']:,} "
-                    "answers of this backend in the cache"
-                )
-            else:
-                est.output_basis = "no answers of this backend to measure: the bound only"
-            rate = m.get("reask_rate")
-            est.reask_rate = rate
-            if rate and est.to_send.requests:
-                est.reasks_expected = rate * est.to_send.requests
-                per_out = (m["completion_tokens"] / m["answers"]) if m.get("answers") else 0.0
-                est.reask_prompt_tokens = est.reasks_expected * (m["prompt_per_answer"] + per_out)
-                est.reask_output_tokens = est.reasks_expected * per_out
-            if m:
-                est.actual = {
-                    k: m[k] for k in ("answers", "reasks", "prompt_tokens", "completion_tokens")
-                }
-        out.append(est)
+            if beyond > 0:
+                extra = _Extra(text, beyond, math.ceil(beyond * per_token))
+        rows = _counted(
+            est, stage.plan_examples(ctx, set(), filler), done, cache, counter,
+            m.get("output_per_choice"), extra,
+        )  # fmt: skip
+        counted.append((est, stage, counter, m, extra))
+        if p.action != "skip":
+            counted_names.add(name)
+        if p.action == "skip" or name not in readers:
+            for _ in rows:
+                pass
+            continue
+        source = _Planned(_with_done_rows(sd, done, rows), _again(ctx, stage, sd, done, filler))
+        ctx.planned_rows[name] = source
+        sources.append(source)
+    for source in sources:
+        source.finish()
+    used_filler = _finish(counted, out)
+    ingest_est.examples = len(ingest_rows)
+    ingest_est.examples_to_do = 0 if ingest_plan.action == "skip" else ingest_est.examples
     if used_filler:
         notes = filler_notes + notes
-    if "rubrics" in placeholders_in:
+    if "rubrics" in {e.stage for e in out if e.placeholders and e.action != "skip"}:
         notes.append(
             "the bounds count rubrics not yet generated at their expected size: for the "
             "stages that quote them, the prompt bound is an estimate"
@@ -286,6 +330,73 @@ def _estimate(
         notes=notes,
         seconds=round(time.perf_counter() - t0, 3),
     )
+
+
+def _again(
+    ctx: Context, stage: Stage, sd: Any, done: set[str] | None, filler: Any
+) -> Callable[[], Iterator[dict]]:
+    """How a stage's planned rows are made again for a second reader (see _Planned)."""
+
+    def rows() -> Iterator[dict]:
+        for pe in stage.plan_examples(ctx, set(), filler):
+            if done is None or pe.example_id not in done:
+                yield from pe.rows
+
+    return lambda: _with_done_rows(sd, done, rows())
+
+
+def _with_done_rows(sd: Any, done: set[str] | None, rows: Iterator[dict]) -> Iterator[dict]:
+    """A resumed stage's rows: what is on disk, then what the rest would add."""
+    if done:
+        yield from sd.rows()
+    yield from rows
+
+
+def _finish(
+    counted: list[tuple[StageEstimate, Stage, TokenCounter, dict[str, Any], _Extra | None]],
+    out: list[StageEstimate],
+) -> bool:
+    """What each counted stage's figures take from whole stages, in run order (each stage's
+    count is complete now): whether its prompts read placeholders, the placeholder answers'
+    share of its prompt bounds, how its tokens were counted, its measured output and
+    re-asks. Returns whether any planned rows hold placeholders."""
+    placeholders_in: set[str] = set()  # stages whose planned rows hold placeholders
+    for est, stage, counter, m, extra in counted:
+        est.estimated = est.estimated or any(u in placeholders_in for u in stage.reads)
+        if extra is not None and "responses" in placeholders_in:
+            est.total.prompt_bound += extra.held_total * extra.tokens
+            est.total.budget_prompt += extra.held_total * extra.bytes
+            est.to_send.prompt_bound += extra.held_to_send * extra.tokens
+            est.to_send.budget_prompt += extra.held_to_send * extra.bytes
+        if est.action != "skip" and est.placeholders:
+            placeholders_in.add(est.stage)
+        if not est.uses_llm:
+            continue
+        mean = m.get("output_per_choice")
+        est.tokens = counter.method
+        est.output_mean = mean
+        if mean is not None:
+            est.output_basis = (
+                f"{mean:.1f} tokens per answer: the mean of {m['choices']:,} "
+                "answers of this backend in the cache"
+            )
+        else:
+            est.output_basis = "no answers of this backend to measure: the bound only"
+        rate = m.get("reask_rate")
+        est.reask_rate = rate
+        if rate and est.to_send.requests:
+            est.reasks_expected = rate * est.to_send.requests
+            per_out = (m["completion_tokens"] / m["answers"]) if m.get("answers") else 0.0
+            est.reask_prompt_tokens = est.reasks_expected * (m["prompt_per_answer"] + per_out)
+            est.reask_output_tokens = est.reasks_expected * per_out
+        if m:
+            keys = ("answers", "reasks", "prompt_tokens", "completion_tokens")
+            est.actual = {k: m[k] for k in keys}
+    for i, est in enumerate(out):
+        if not est.uses_llm and est.stage not in ("ingest", "rubrics"):
+            est.examples = out[i - 1].examples  # the pair stage: the judge's examples
+            est.examples_to_do = est.examples if est.action != "skip" else 0
+    return bool(placeholders_in)
 
 
 def _summarise(

@@ -95,7 +95,7 @@ def _rows_sample(rd: RunDir, stage: str, limit: int = 2000) -> list[dict]:
 def make_filler(
     config: Config,
     rd: RunDir,
-    ingest_rows: list[dict],
+    ingest_rows: Iterable[dict],
     counter: TokenCounter,
     measured: dict[str, dict[str, Any]],
 ) -> tuple[Filler, list[str]]:

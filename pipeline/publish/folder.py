@@ -233,12 +233,10 @@ def write_marker(folder: Path, content: dict[str, Any]) -> None:
 # ---- writing ------------------------------------------------------------------------------
 
 
-def write_parquet(path: Path, rows: list[dict[str, Any]], features: Any) -> None:
-    import pyarrow as pa
+def write_table(path: Path, table: Any) -> None:
+    """An Arrow table (its schema carrying the `datasets` Features) as one parquet file."""
     import pyarrow.parquet as pq
 
-    # the schema carries the `datasets` Features as metadata, so loaders get exact types
-    table = pa.Table.from_pylist(rows, schema=features.arrow_schema)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as fh:
         pq.write_table(table, fh)

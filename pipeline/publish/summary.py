@@ -17,14 +17,45 @@ if TYPE_CHECKING:
     from pipeline.config import Config
 
 
+class Tally:
+    """What the figures need from the published pairs, added one pair at a time in the
+    release's order, so no pair is held (``prb publish`` streams its pairs)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.per_cat: dict[str, dict[str, int]] = {}
+        self.status: Counter = Counter()
+        self.models: dict[str, set[str]] = {"generator_model": set(), "judge_model": set()}
+        # distinct values by their JSON text (equal texts are equal values)
+        self.sampling: dict[str, dict[str, Any]] = {"chosen": {}, "judge": {}}
+        self.templates: dict[tuple, dict[str, Any]] = {}
+
+    def add(self, record: dict[str, Any], row: dict[str, Any]) -> None:
+        self.rows += 1
+        c = self.per_cat.setdefault(str(row["category"]), {"pairs": 0, "verified": 0})
+        c["pairs"] += 1
+        c["verified"] += row["human_verdict"] == "verified"
+        self.status[row["human_verdict"]] += 1
+        for col, seen in self.models.items():
+            if row[col] is not None:
+                seen.add(str(row[col]))
+        s = sampling_of(record)
+        for side, seen_s in self.sampling.items():
+            seen_s[json_text(s[side])] = s[side]
+        t = templates_of(record)
+        for info in [t.get("chosen"), t.get("rejected"), *(t.get("judge") or {}).values()]:
+            if info and info.get("template"):
+                at = (info["template"], info.get("template_version"), info.get("template_hash"))
+                self.templates[at] = info
+
+
 def release_summary(
     rd: RunDir,
     config: Config | None,
     policy: str,
     license: str,
-    records: list[dict[str, Any]],
-    rows: list[dict[str, Any]],
-    by_config: dict[str, list[dict]],
+    tally: Tally,
+    configs: dict[str, int],
     excluded: Counter,
     agreement: dict[str, Any],
 ) -> dict[str, Any]:
@@ -40,30 +71,21 @@ def release_summary(
     settings = meta.settings if meta is not None else {}
     ingest = rd.stage("ingest").meta
     env = rd.environment()
-    per_cat: dict[str, dict[str, int]] = {}
-    for r in rows:
-        c = per_cat.setdefault(str(r["category"]), {"pairs": 0, "verified": 0})
-        c["pairs"] += 1
-        c["verified"] += r["human_verdict"] == "verified"
-    status = Counter(r["human_verdict"] for r in rows)
-
-    def distinct(key: str) -> list[str]:
-        return sorted({str(r[key]) for r in rows if r[key] is not None})
+    status = tally.status
 
     run_name = config.run.name if config is not None else rd.path.name
     served = _served_by(rd)
-    samplings = [sampling_of(r) for r in records]
     return {
         "pretty_name": f"Personalized RewardBench pairs ({run_name})",
         "hand_written": _hand_written(config),
         "not_model_output": _not_model_output(served),
         "license": license,
         "policy": policy,
-        "rows": len(rows),
-        "configs": {name: len(part) for name, part in by_config.items()},
+        "rows": tally.rows,
+        "configs": dict(configs),
         "excluded": dict(excluded),
         "funnel": funnel,
-        "per_category": per_cat,
+        "per_category": tally.per_cat,
         "human": {
             "annotated": sum(n for s, n in status.items() if s is not None),
             "verified": status.get("verified", 0),
@@ -74,12 +96,12 @@ def release_summary(
         "built_from": built_from(rd),
         "provenance": {
             "served_by": {k: {**v, "described": describe(v)} for k, v in served.items()},
-            "generator_models": distinct("generator_model"),
-            "judge_models": distinct("judge_model"),
+            "generator_models": sorted(tally.models["generator_model"]),
+            "judge_models": sorted(tally.models["judge_model"]),
             "run_seed": config.run.seed if config is not None else None,
-            "generator_sampling": _distinct([s["chosen"] for s in samplings]),
-            "judge_sampling": _distinct([s["judge"] for s in samplings]),
-            "templates": _templates(records),
+            "generator_sampling": _in_order(tally.sampling["chosen"]),
+            "judge_sampling": _in_order(tally.sampling["judge"]),
+            "templates": [tally.templates[k] for k in sorted(tally.templates, key=str)],
             "filters": settings.get("pairs"),
             # what `prb audit` of the release applies, wherever the release lies
             "rules": {"pairs": settings.get("pairs"), "word_cap": settings.get("word_cap")}
@@ -93,21 +115,8 @@ def release_summary(
     }
 
 
-def _templates(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every distinct prompt template the published pairs came from."""
-    seen: dict[tuple, dict[str, Any]] = {}
-    for r in records:
-        t = templates_of(r)
-        for info in [t.get("chosen"), t.get("rejected"), *(t.get("judge") or {}).values()]:
-            if info and info.get("template"):
-                key = (info["template"], info.get("template_version"), info.get("template_hash"))
-                seen[key] = info
-    return [seen[k] for k in sorted(seen, key=str)]
-
-
-def _distinct(values: list[Any]) -> list[Any]:
+def _in_order(seen: dict[str, Any]) -> list[Any]:
     """Distinct values in a stable order (by their JSON text)."""
-    seen = {json_text(v): v for v in values}
     return [seen[k] for k in sorted(seen)]
 
 

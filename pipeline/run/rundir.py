@@ -176,8 +176,14 @@ class RunDir:
     def numbered_pair_records(self) -> Iterator[tuple[Path, int, dict[str, Any]]]:
         """(shard, line, record) of every kept pair: :meth:`pair_records` with where each
         record is, for errors about a record's content."""
+        for path, line, _, _, rec in self.located_pair_records():
+            yield path, line, rec
+
+    def located_pair_records(self) -> Iterator[tuple[Path, int, int, bytes, dict[str, Any]]]:
+        """(shard, line, byte offset, the line's bytes, record) of every kept pair: where to
+        read each record again (``StageDir.line_at``), for a reader that holds none."""
         stage = self.finished("pairs")
-        for path, line, rec in stage.numbered_rows():
+        for path, line, start, raw, rec in stage.located_rows():
             missing = sorted(PAIR_RECORD_FIELDS - rec.keys())
             try:
                 if missing:
@@ -188,7 +194,7 @@ class RunDir:
                 raise RunDirError(
                     f"{path}, line {line}: {detail}; {redo_hint('pairs')}", path=path, line=line
                 ) from None
-            yield path, line, rec
+            yield path, line, start, raw, rec
 
     def is_run(self) -> bool:
         """Whether this folder looks like a run directory: its marker, run.yaml, the

@@ -312,12 +312,20 @@ class StageDir:
             yield row
 
     def _read_numbered(self, path: Path) -> Iterator[tuple[int, dict]]:
+        for line_no, _, _, row in self._read_located(path):
+            yield line_no, row
+
+    def _read_located(self, path: Path) -> Iterator[tuple[int, int, bytes, dict]]:
+        """(line number, byte offset, the line's bytes, row) of each row of one shard."""
         try:
             fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
         except FileNotFoundError:
             raise RunDirError(f"{path}: missing; {redo_hint(self.name)}", path=path) from None
+        offset = 0
         with fh:
             for line_no, line in enumerate(fh, 1):
+                start = offset
+                offset += len(line)
                 if not line.strip():
                     continue
                 try:
@@ -336,7 +344,7 @@ class StageDir:
                         path=path,
                         line=line_no,
                     )
-                yield line_no, row
+                yield line_no, start, line, row
 
     def rows(self) -> Iterator[dict]:
         for n in self.shard_ids():
@@ -348,6 +356,21 @@ class StageDir:
             path = self.data_path(n)
             for line, row in self._read_numbered(path):
                 yield path, line, row
+
+    def located_rows(self) -> Iterator[tuple[Path, int, int, bytes, dict]]:
+        """(shard path, line number, byte offset, the line's bytes, row) of every data row:
+        where to read one row again (:meth:`line_at`) without holding the stage in memory."""
+        for n in self.shard_ids():
+            path = self.data_path(n)
+            for line, start, raw, row in self._read_located(path):
+                yield path, line, start, raw, row
+
+    @staticmethod
+    def line_at(path: Path, offset: int, length: int) -> bytes:
+        """The bytes of one row where :meth:`located_rows` found it."""
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(length)
 
     def rejects(self) -> Iterator[dict]:
         for n in self.shard_ids():

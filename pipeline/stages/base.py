@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -89,8 +89,9 @@ class Context:
     _served_by_id: tuple[dict[str, Any], str] | None = None  # (identity, its id), memoised
     warnings: list[str] = field(default_factory=list)
     # `prb plan` only: rows a stage's input would hold, by stage, where that stage's
-    # folder does not hold them yet (Stage.input_rows reads these instead)
-    planned_rows: dict[str, list[dict]] | None = None
+    # folder does not hold them yet (Stage.input_rows reads these instead); each read may
+    # make them again rather than hold them (pipeline/plan/estimate.py)
+    planned_rows: dict[str, Iterable[dict]] | None = None
 
     @property
     def served_by(self) -> dict[str, Any]:
