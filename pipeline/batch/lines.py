@@ -123,29 +123,23 @@ def read_results(
         if not isinstance(obj, dict):
             yield Parsed(where, code="broken line", why="not a JSON object")
             continue
+        line_id = obj.get("id") if isinstance(obj.get("id"), str) and obj["id"] else None
         cid = obj.get("custom_id")
         if not isinstance(cid, str) or not cid:
-            yield Parsed(where, code="broken line", why="no custom_id")
+            yield Parsed(where, code="broken line", why="no custom_id", line_id=line_id)
             continue
         if cid not in expected:
-            yield Parsed(
-                where,
-                cid,
-                code="not asked",
-                why=f"custom_id {_shown(cid)} was not asked by this run",
-            )
+            why = f"custom_id {_shown(cid)} was not asked by this run"
+            yield Parsed(where, cid, code="not asked", why=why, line_id=line_id)
             continue
         if cid in seen:
-            yield Parsed(
-                where,
-                cid,
-                code="duplicate",
-                why=f"custom_id {_shown(cid)} appears again (first on line {seen[cid]}); "
-                "only the first is read",
+            why = (
+                f"custom_id {_shown(cid)} appears again (first on line {seen[cid]}); only "
+                "the first is read"
             )
+            yield Parsed(where, cid, code="duplicate", why=why, line_id=line_id)
             continue
         seen[cid] = n
-        line_id = obj.get("id") if isinstance(obj.get("id"), str) else None
         yield _answer(where, cid, obj, expected[cid], line_id)
 
 
