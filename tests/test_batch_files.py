@@ -304,6 +304,7 @@ def test_bad_lines_are_named_and_skipped_and_nothing_of_them_is_cached(tmp_path,
 
     # the requests of the failed lines go out again in the next export; the stored one not
     rc, said = export(cfg, tmp_path / "next.jsonl", capsys)
+    assert rc == 0, said
     again = [json.loads(x)["custom_id"] for x in (tmp_path / "next.jsonl").read_text().splitlines()]
     assert sorted(again) == sorted(ids[1:]) and stranger not in again
 
@@ -351,7 +352,7 @@ def test_an_invalid_answer_is_re_asked_in_the_next_export(tmp_path, server, caps
     assert reask[-1]["content"].startswith("Your previous answer could not be used")
     run_batch(server, tmp_path / "r2.jsonl", tmp_path / "res2.jsonl")
     rc, out, _ = import_(cfg, capsys, tmp_path / "res2.jsonl")
-    assert "stored 1; skipped 0" in out and "of stage 'responses' wait" in out, out
+    assert rc == 0 and "stored 1; skipped 0" in out and "of stage 'responses' wait" in out, out
 
 
 def test_batch_commands_refuse_in_one_line(tmp_path, server, capsys):
@@ -410,7 +411,8 @@ def test_results_in_the_shapes_openai_and_vllm_document():
     vllm_object = {"id": "vllm-2", "custom_id": "request-5",
                    "response": {"status_code": 404, "request_id": "vllm-batch-2", "body": None},
                    "error": {"error": {"message": "The model `x` does not exist.",
-                                       "type": "NotFoundError", "param": None, "code": 404}}}  # fmt: skip
+                                       "type": "NotFoundError", "param": None,
+                                       "code": 404}}}  # fmt: skip
     expected = {f"request-{i}": req for i in range(2, 6)}
     lines = [json.dumps(x).encode() for x in (ok, openai_error, vllm_text, vllm_object)]
     got = list(read_results(lines, expected, source="out.jsonl"))
