@@ -449,3 +449,37 @@ def test_the_live_backend_and_batch_results_read_replies_with_one_function():
 def test_junk_lines_are_skipped_with_their_place(junk):
     (p,) = read_results([junk], {}, source="f")
     assert p.skipped and p.code == "broken line" and p.message.startswith("f:1: ")
+
+
+def test_a_request_given_up_on_is_asked_afresh_in_the_next_export(tmp_path, server, capsys):
+    """Still invalid after backend.max_reasks re-asks: as a live run records the failure
+    and sends the request again on the next run, the next export asks it again (its
+    imported answers are set aside); a valid answer then finishes the stage."""
+    cfg = write_config(tmp_path, server, backend={"name": "batchfile", "max_reasks": 1},
+                       **GENERATED)  # fmt: skip
+    export(cfg, tmp_path / "r0.jsonl", capsys)
+    first = check_request_line((tmp_path / "r0.jsonl").read_text().splitlines()[0])
+    asked = first["body"]["messages"]
+    # the first answer and its one re-ask come back as cut-off JSON
+    server.inject("bad_json", 2, match=lambda body: body["messages"][: len(asked)] == asked)
+    sizes = []
+    for n in range(1, 4):
+        run_batch(server, tmp_path / f"r{n - 1}.jsonl", tmp_path / f"res{n}.jsonl")
+        rc, out, err = import_(cfg, capsys, tmp_path / f"res{n}.jsonl")
+        assert rc == 0, out + err
+        rc, said = export(cfg, tmp_path / f"r{n}.jsonl", capsys)
+        lines = (tmp_path / f"r{n}.jsonl").read_text().splitlines()
+        sizes.append((n, len(lines)))
+        if n == 1:  # the re-ask of the invalid answer
+            assert "1 invalid answers" in out and len(lines) == 1
+            assert json.loads(lines[0])["custom_id"] != first["custom_id"]
+        if n == 2:  # given up after its re-ask: the request itself, afresh
+            assert "1 invalid answers" in out, out
+            assert [json.loads(x)["custom_id"] for x in lines] == [first["custom_id"]]
+        if n == 3:  # answered: the stage is done, the next one waits
+            assert "stored 1; skipped 0" in out and "of stage 'responses'" in said, out
+    with RequestCache(RunDir(tmp_path / "outputs/t").cache_path, readonly=True) as cache:
+        assert cache.present([first["custom_id"]]) == {first["custom_id"]}
+        failures = [e for e in cache.errors() if e["key"] == first["custom_id"]]
+    assert len(failures) == 1 and failures[0]["reason"].startswith("invalid_json")
+    assert sizes[:2] == [(1, 1), (2, 1)]

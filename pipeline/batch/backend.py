@@ -39,6 +39,7 @@ class Recording:
 
     missing: dict[str, ChatRequest] = field(default_factory=dict)
     answered: dict[str, ChatRequest] = field(default_factory=dict)
+    retired: int = 0  # answers set aside: requests given up on, asked afresh
 
 
 _RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar(
@@ -127,6 +128,9 @@ class BatchFileBackend(Backend):
         if retired:
             assert self.state is not None
             self.state.retire(retired)
+            rec = _RECORDING.get()
+            if rec is not None:
+                rec.retired += len(retired)
 
     # ---- the kind ----------------------------------------------------------------------
     @classmethod

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.batch.backend import BatchFileBackend, Recording, recording
 from pipeline.batch.lines import Parsed, read_results, request_line
 from pipeline.batch.store import BatchState
-from pipeline.errors import ConfigError, InputError, Unanswered
+from pipeline.errors import ConfigError, InputError, StageError, Unanswered
 
 if TYPE_CHECKING:
     from pipeline.chat import ChatRequest
@@ -71,7 +71,9 @@ def _lock(rd: RunDir) -> RunLock:
     return lock
 
 
-def _run_stages(cfg: Config, lock: RunLock, *, progress: bool, echo: Echo, command: str) -> Pass:
+def _run_stages(
+    cfg: Config, rd: RunDir, lock: RunLock, *, progress: bool, echo: Echo, command: str
+) -> Pass:
     """The stages, as `prb run` runs them, until the first that waits for answers; the
     lock (from :func:`_lock`) is released at the end, as run_pipeline releases it."""
     from pipeline.orchestrate import run_pipeline
@@ -81,6 +83,17 @@ def _run_stages(cfg: Config, lock: RunLock, *, progress: bool, echo: Echo, comma
             run_pipeline(cfg, progress=progress, echo=echo, lock=lock, command=command)
         except Unanswered as exc:
             return Pass(rec, exc)
+        except StageError:
+            # a request still invalid after its re-asks leaves its example pending ("run
+            # the same command again"); its answers were set aside, so the stages run once
+            # more and now wait for that request, which the next export asks afresh
+            if not rec.retired:
+                raise
+            again = _lock(rd)
+            try:
+                run_pipeline(cfg, progress=progress, echo=echo, lock=again, command=command)
+            except Unanswered as exc:
+                return Pass(rec, exc)
     return Pass(rec, None)
 
 
@@ -107,7 +120,7 @@ def export_requests(
 
     check_batchfile(cfg, "export")
     rd = RunDir(cfg.run_dir)
-    done = _run_stages(cfg, _lock(rd), progress=progress, echo=echo, command=command)
+    done = _run_stages(cfg, rd, _lock(rd), progress=progress, echo=echo, command=command)
     if done.stopped is None:
         return Exported(None, None, 0)
     stage = done.stopped.stage
@@ -198,7 +211,7 @@ def import_results(
         lock.release()
         raise
     # the runner validates and caches what was kept, and records what is still missing
-    done = _run_stages(cfg, lock, progress=progress, echo=echo, command=command)
+    done = _run_stages(cfg, rd, lock, progress=progress, echo=echo, command=command)
     res.stopped, res.waiting = done.stopped, len(done.waiting)
     if keep:
         with RequestCache(rd.cache_path, readonly=True) as cache:
