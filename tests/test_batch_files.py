@@ -442,7 +442,17 @@ def test_the_live_backend_and_batch_results_read_replies_with_one_function():
     from pipeline.batch import lines
 
     assert lines.parse_reply is openai_backend.parse_reply
-    assert "parse_reply(resp, req)" in inspect.getsource(openai_backend.OpenAIBackend._once)
+    assert "parse_reply(" in inspect.getsource(openai_backend.OpenAIBackend._once)
+
+
+def test_a_request_line_given_as_a_result_is_named():
+    req = _req()
+    (p,) = read_results([json.dumps(request_line(req, req.openai_body()))], {req.key: req},
+                        source="requests.jsonl")  # fmt: skip
+    assert p.failed and p.code == "request line" and p.result is None
+    assert p.message == (
+        "requests.jsonl:1: a request line, not a result: import what the runner wrote"
+    )
 
 
 @pytest.mark.parametrize("junk", [b"\xff\xfe", b"null", b'{"custom_id": 7}'])

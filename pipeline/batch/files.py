@@ -128,8 +128,8 @@ def export_requests(
     path = out if out is not None else _next_file(rd, stage)
     # the lines first, then the record of what was asked: a request recorded as asked is
     # always in a file (recording it twice, after a kill between the two, is harmless)
-    write_jsonl_atomic(path, (request_line(r, r.openai_body()) for r in requests))
-    with BatchState(rd.batch_state, create=True) as state:
+    with rd.lock(), BatchState(rd.batch_state, create=True) as state:
+        write_jsonl_atomic(path, (request_line(r, r.openai_body()) for r in requests))
         state.record_asked([(r, stage) for r in requests], str(path))
     return Exported(path, stage, len(requests))
 

@@ -151,6 +151,8 @@ def _answer(
     def failed(code: str, why: str) -> Parsed:
         return Parsed(where, cid, failed=True, code=code, why=why, line_id=line_id)
 
+    if "response" not in obj and "error" not in obj and "body" in obj:
+        return failed("request line", "a request line, not a result: import what the runner wrote")
     response = obj.get("response")
     status = response.get("status_code") if isinstance(response, dict) else None
     if obj.get("error") is not None:
