@@ -192,3 +192,6 @@ class RequestFailure:
     reason: str
     attempts: int = 1
     transient: bool = True  # False for client errors that re-sending cannot fix
+    # True: nothing was sent; the backend holds no answer for it yet and it waits for one
+    # from elsewhere (batch files, pipeline/batch/): the runner keeps its example pending
+    unanswered: bool = False

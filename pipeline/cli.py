@@ -229,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.eval.cli import add_eval_parser
 
     add_eval_parser(sub)
+    # pipeline.batch.cli imports only argparse and pathlib; the work loads when used
+    from pipeline.batch.cli import add_batch_parser
+
+    add_batch_parser(sub)
     return parser
 
 
@@ -860,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
         "audit": cmd_audit,
         "cache": cmd_cache,
         "eval": lambda a: a.eval_handler(a),  # set by add_eval_parser
+        "batch": lambda a: a.batch_handler(a),  # set by add_batch_parser
     }
     if args.command not in handlers:
         parser.print_help()

@@ -52,6 +52,18 @@ class StageError(PipelineError):
     """A stage cannot run (missing input stage, too many failed requests...)."""
 
 
+class Unanswered(BackendError):
+    """A stage stopped because its backend holds no answer yet for ``count`` of its
+    requests: they are answered elsewhere (batch files, pipeline/batch/). Everything the
+    stage could finish is kept; the stage is left unfinished. ``hint``: what to do next."""
+
+    def __init__(self, stage: str, count: int, total: int, hint: str) -> None:
+        self.stage, self.count = stage, count
+        super().__init__(
+            f"stage '{stage}': {count} of {total} requests have no answer yet; {hint}"
+        )
+
+
 class BudgetReached(PipelineError):
     """A stage stopped before a request could cross ``run.budget``: what was in flight was
     answered and kept; the stage is left unfinished. ``stats``: the runner's figures of the

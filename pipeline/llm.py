@@ -39,7 +39,7 @@ from pipeline.backends.base import Backend, RequestFeed
 from pipeline.budget import Budget
 from pipeline.cache import INVALID_PREFIX, RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.errors import BackendError, StageError
+from pipeline.errors import BackendError, StageError, Unanswered
 from pipeline.progress import Progress
 from pipeline.rules.text import unfinished
 
@@ -226,6 +226,7 @@ class LLMRunner:
         self._ready: deque[tuple[Any, Answer | Failure]] = deque()
         self._consecutive = 0
         self._replay_missing = 0
+        self._unanswered = 0
         pump = asyncio.create_task(self._pump())
         try:
             while True:
@@ -289,6 +290,9 @@ class LLMRunner:
                 f"'{self.stage}' are not in the request cache; run this stage with a live "
                 "backend first"
             )
+        if self._unanswered:
+            total = self.stats.requests
+            raise Unanswered(self.stage, self._unanswered, total, self.backend.failing)
 
     # ---- internals ---------------------------------------------------------------------
     async def _pump(self) -> None:
@@ -438,6 +442,13 @@ class LLMRunner:
             job = flight.job
             if self.budget is not None:
                 self.budget.settle(flight.request, res)
+            if isinstance(res, RequestFailure) and res.unanswered:
+                # nothing was sent: its answer is to come from elsewhere (batch files). The
+                # example waits, no error is recorded, and it does not count as a failure in
+                # a row; the stage stops at the end, saying how many wait
+                self._unanswered += 1
+                failed.append((job.tag, Failure(res.reason, 0, flight.reasks)))
+                continue
             if isinstance(res, RequestFailure) and not self.backend.answers_new:
                 # nothing can answer it here; counted and reported once at the end
                 self._replay_missing += 1

@@ -1,6 +1,7 @@
 """Every registered backend passes the conformance suite (tests/backend_conformance.py):
 cache, identity, re-ask, resume, n samples, finish reasons, JSON-schema answers. openai
-runs against the stand-in server, replay from a cache recorded there, vllm and llamacpp
+runs against the stand-in server, replay from a cache recorded there, batchfile from the
+stand-in's answers kept as `prb batch import` keeps them, vllm and llamacpp
 against the fake engines their own tests use, llamacpp also on the real engine (marked
 llamacpp: CI runs it after building the extra) and ray on a local Ray (marked ray)."""
 
@@ -27,6 +28,7 @@ from pipeline.backends.ray_backend import RayBackend
 from pipeline.backends.replay import ReplayBackend
 from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
 from pipeline.backends.vllm_backend import VLLMBackend
+from pipeline.batch.backend import BatchFileBackend
 from pipeline.cache import RequestCache
 from pipeline.errors import ConfigError
 
@@ -67,6 +69,50 @@ def _record_on_standin(server: Any):
     return record
 
 
+def _record_batch_answers(server: Any):
+    """The batchfile backend's answers: every answer the stand-in gives the suite's
+    requests (re-asks and invalid first answers included), kept as `prb batch import`
+    keeps them, in the state file beside the run's cache (tmp/run)."""
+
+    def record(tmp: Path, cfg: BackendSection, jobs: list) -> BackendSection:
+        import asyncio
+
+        from pipeline.batch.store import BatchState
+        from pipeline.chat import ChatResult
+        from pipeline.llm import LLMRunner
+        from pipeline.run import RunDir
+
+        live = _server_section(server, cfg.model, name="openai")
+        answers: list[tuple[str, ChatResult, str]] = []
+
+        async def go(requests: list, validate: Any) -> None:
+            backend = OpenAIBackend(live)
+            ask = backend.complete
+
+            async def complete(req: Any) -> Any:
+                res = await ask(req)
+                if isinstance(res, ChatResult):
+                    answers.append((req.key, res, "recorded"))
+                return res
+
+            backend.complete = complete  # type: ignore[method-assign]
+            with RequestCache(tmp / "recorded" / "cache.sqlite") as cache:
+                runner = LLMRunner(backend, cache, "responses", progress=False, max_reasks=2)
+                try:
+                    async for _ in runner.stream(requests, validate):
+                        pass
+                finally:
+                    await backend.aclose()
+
+        for requests, validate in jobs:
+            asyncio.run(go(requests, validate))
+        with BatchState(RunDir(tmp / "run").batch_state, create=True) as state:
+            state.store(answers, [])
+        return cfg
+
+    return record
+
+
 def _harness(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
     if kind == "openai":
         server = request.getfixturevalue("server")
@@ -77,6 +123,13 @@ def _harness(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harne
             ReplayBackend,
             lambda t, m: BackendSection(name="replay", model=m),
             record=_record_on_standin(server),
+        )
+    if kind == "batchfile":
+        server = request.getfixturevalue("server")
+        return Harness(
+            BatchFileBackend,
+            lambda t, m: BackendSection(name="batchfile", model=m),
+            record=_record_batch_answers(server),
         )
     if kind == "vllm":
         request.getfixturevalue("fake_vllm")
@@ -111,6 +164,7 @@ def _harness(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harne
 KINDS = [
     "openai",
     "replay",
+    "batchfile",
     "vllm",
     "llamacpp-fake",
     pytest.param("llamacpp", marks=[pytest.mark.llamacpp, _skip_without_llama_cpp]),

@@ -81,5 +81,6 @@ BACKENDS.register("vllm", "pipeline.backends.vllm_backend:VLLMBackend")
 BACKENDS.register("llamacpp", "pipeline.backends.llamacpp_backend:LlamaCppBackend")
 BACKENDS.register("replay", "pipeline.backends.replay:ReplayBackend")
 BACKENDS.register("ray", "pipeline.backends.ray_backend:RayBackend")
+BACKENDS.register("batchfile", "pipeline.batch.backend:BatchFileBackend")
 
 __all__ = ["BACKENDS", "BackendRegistry"]

@@ -246,7 +246,9 @@ def deprecation_line(found: list[str], source: str) -> str:
 class BackendSection(Settings):
     """The ``backend`` section: what every backend shares, then one section per backend."""
 
-    name: str = Field("openai", description="Backend: openai, vllm, llamacpp, ray or replay.")
+    name: str = Field(
+        "openai", description="Backend: openai, vllm, llamacpp, ray, replay or batchfile."
+    )
     model: str = Field(
         "stand-in",
         description="Model name sent to the server / loaded by vLLM; llamacpp: a GGUF file "

@@ -18,6 +18,7 @@
       publish/             the release (`prb publish`), marked by .prb-release
       report/              the audit (`prb audit`)
       eval/                evaluations of reward models and judges (`prb eval`)
+      batch/               batch files' state (`prb batch`): requests exported, answers imported
 
 Only the ``pipeline.run`` package uses these names; every other module asks
 :class:`pipeline.run.RunDir` for paths, so a guarantee added there (a manifest check, the
@@ -72,6 +73,11 @@ ROUND_VERDICTS = "verdicts.jsonl"
 ROUND_ADJUDICATION = "adjudication.jsonl"
 ROUND_AGREEMENT = "agreement.json"
 ROUND_SKIPPED = "skipped.jsonl"
+
+# `prb batch` (pipeline/batch/): what was exported and what was imported, in one SQLite
+# file, and the request files written by default
+BATCH = "batch"
+BATCH_STATE = "state.sqlite"
 
 RELEASE = "publish"
 # A release folder `prb publish` wrote holds this file: only such a folder is ever replaced.

@@ -264,6 +264,15 @@ class RunDir:
     def eval_dir(self) -> Path:
         return self.path / layout.EVAL
 
+    @property
+    def batch_dir(self) -> Path:
+        """``prb batch``'s folder: request files and the state of exports and imports."""
+        return self.path / layout.BATCH
+
+    @property
+    def batch_state(self) -> Path:
+        return self.batch_dir / layout.BATCH_STATE
+
     def has_release(self) -> bool:
         return (self.release_dir / layout.RELEASE_ALL).is_dir()
 
