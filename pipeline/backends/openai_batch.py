@@ -188,7 +188,8 @@ def status_lines(folder: Path) -> list[str]:
     lines = []
     for rec in in_flight(folder):
         counts = rec.get("request_counts") or {}
-        done = f"{counts.get('completed', 0)} of {counts.get('total', len(rec['custom_ids']))}"
+        total = counts.get("total") or len(rec["custom_ids"])  # 0 while validating
+        done = f"{counts.get('completed', 0)} of {total}"
         lines.append(
             f"batch {rec.get('batch_id') or '(being created)'}: {rec.get('status') or 'uploaded'}"
             f", {done} answered, {counts.get('failed', 0)} failed (as last polled)"
@@ -593,4 +594,6 @@ class BatchRunner:
         for rec in self._taken:
             rec["delivered"] = True
             self.ledger.save(rec)
+            for kind in ("output", "errors"):  # in the cache now: not kept twice
+                self.ledger.results(rec, kind).unlink(missing_ok=True)
         self._taken.clear()

@@ -1,0 +1,298 @@
+"""The openai backend's batch mode (``backend.openai.batch``) against a loopback server
+with OpenAI's Files and Batches endpoints (tests/provider_batches.py), the real ``openai``
+SDK as the client: the sample config gives the rows a run without batch gives; a run killed
+after it submitted a batch resumes by polling that batch, never submitting it again;
+error-file and expired lines go into the next batch; files split at the limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from provider_batches import BatchesServer
+from standin_server import StandinServer
+
+from pipeline.config import load_config
+from pipeline.errors import StageError
+from pipeline.orchestrate import run_pipeline
+from pipeline.run import RunDir
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_CONFIG = ROOT / "configs" / "sample.yaml"
+LLM_STAGES = ("responses", "judge")  # the sample config's rubrics are given
+
+
+def sample_overrides(tmp_path: Path, server: StandinServer, name: str, batch: bool) -> list[str]:
+    """configs/sample.yaml on 2 examples against ``server``; batch mode polls fast."""
+    out = [
+        "input.limit=2",
+        f"run.output_dir={tmp_path / 'outputs'}",
+        f"run.name={name}",
+        f"backend.openai.base_url={server.base_url}",
+        "backend.openai.timeout_s=120",
+    ]
+    if batch:
+        out += [
+            "backend.openai.batch=true",
+            "backend.openai.batch_poll_s=0.05",
+            "backend.openai.batch_collect_s=0.2",
+        ]
+    return out
+
+
+def run_sample(tmp_path: Path, server: StandinServer, name: str, batch: bool, *extra: str) -> RunDir:
+    cfg = load_config(SAMPLE_CONFIG, [*sample_overrides(tmp_path, server, name, batch), *extra])
+    run_pipeline(cfg, progress=False, echo=lambda s: None)
+    return RunDir(cfg.run_dir)
+
+
+def _keyed(value):
+    """A row without the address each server was asked at (two servers, two ports): an
+    identity's ``asked`` is a note, not part of its id."""
+    if isinstance(value, dict):
+        return {k: _keyed(v) for k, v in value.items() if k != "asked"}
+    if isinstance(value, list):
+        return [_keyed(v) for v in value]
+    return value
+
+
+def stage_rows(rd: RunDir) -> dict[str, list[dict]]:
+    return {
+        name: sorted((_keyed(r) for r in rd.stage(name).rows()), key=json.dumps)
+        for name in ("responses", "judge", "pairs")
+    }
+
+
+def served_by(rd: RunDir, stage: str) -> str:
+    """The id of what answered a stage (the URL it was asked at is not part of it)."""
+    from pipeline.backends.identity import identity_id
+
+    return identity_id(rd.stage(stage).meta.environment["served_by"])
+
+
+def all_lines(server: BatchesServer) -> list[tuple[str, str]]:
+    """(batch id, custom_id) of every line of every batch created, in creation order."""
+    return [(b, line["custom_id"]) for b in server.created_ids() for line in server.batch_lines(b)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The sample config without batch, against the stand-in."""
+    tmp = tmp_path_factory.mktemp("reference")
+    with StandinServer() as server:
+        rd = run_sample(tmp, server, "plain", batch=False)
+        assert server.request_count > 0
+    return rd
+
+
+def test_sample_config_in_batch_mode_gives_the_same_rows(tmp_path, reference):
+    with BatchesServer() as server:
+        rd = run_sample(tmp_path, server, "batch", batch=True)
+        assert server.request_count == 0, "batch mode sent chat requests one by one"
+        lines = all_lines(server)
+    assert server.creates >= 2  # responses, then judge (pointwise, then the pairwise follow-ups)
+    ids = [cid for _, cid in lines]
+    assert len(ids) == len(set(ids)), "a request went into two batches"
+    assert server.lines_answered == len(ids)
+    # the same server code answers both: the stand-in reports itself the same way
+    for stage in LLM_STAGES:
+        assert served_by(rd, stage) == served_by(reference, stage)
+    assert stage_rows(rd) == stage_rows(reference)
+    assert sum(1 for _ in rd.stage("pairs").rows()) == 2
+    records = [json.loads(p.read_text()) for p in rd.openai_batches.glob("*.json")]
+    assert sorted(r["batch_id"] for r in records) == sorted(server.created_ids())
+    assert all(r["status"] == "completed" and r["delivered"] for r in records)
+    # what was handed over is in the cache; the downloaded files are not kept twice
+    assert not list(rd.openai_batches.glob("*.jsonl"))
+
+
+def _wait(condition, what: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before {what}: {proc.stderr.read()[-2000:]}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_killed_after_submission_resumes_without_submitting_again(tmp_path, reference):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with BatchesServer() as server:
+        server.hold()  # the first batch stays in progress until the kill is done
+        args = sample_overrides(tmp_path, server, "killed", batch=True)
+        cmd = [sys.executable, "-m", "pipeline.cli", "run", str(SAMPLE_CONFIG), "--no-progress"]
+        for a in args:
+            cmd += ["--set", a]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+        try:
+            # polled twice: the batch's id was recorded before the first poll, and what
+            # the first poll said (in_progress) before the second
+            _wait(lambda: server.creates == 1 and sum(server.retrieves.values()) >= 2,
+                  "the first batch was polled", proc)  # fmt: skip
+        finally:
+            proc.kill()
+            proc.wait()
+        first = server.created_ids()[0]
+        rd = RunDir(tmp_path / "outputs" / "killed")
+        records = [json.loads(p.read_text()) for p in rd.openai_batches.glob("*.json")]
+        assert [r["batch_id"] for r in records] == [first]
+        assert records[0]["custom_ids"] == [x["custom_id"] for x in server.batch_lines(first)]
+
+        # prb status shows it in flight
+        st = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", str(rd.path)],
+                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert st.returncode == 0, st.stderr
+        assert f"batch {first}: in_progress, 0 of {records[0]['requests']} answered" in st.stdout
+
+        server.release()
+        polls_before = server.retrieves[first]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert server.retrieves[first] > polls_before, "the recorded batch was not polled"
+        lines = all_lines(server)
+    ids = [cid for _, cid in lines]
+    assert len(ids) == len(set(ids)), "a request was submitted in two batches"
+    assert server.creates == len(set(server.created_ids())) == len({b for b, _ in lines})
+    assert stage_rows(rd) == stage_rows(reference)
+
+
+def test_error_file_lines_go_into_the_next_batch(tmp_path, reference):
+    with BatchesServer() as server:
+        server.inject("500", count=2, message="the server had an error processing your request")
+        server.inject("429", count=1)
+        rd = run_sample(tmp_path, server, "errors", batch=True)
+        batches = server.created_ids()
+        first_errors = server.files[server.batches[batches[0]]["error_file_id"]]["data"]
+        failed = [json.loads(x)["custom_id"] for x in first_errors.decode().splitlines()]
+        second = {x["custom_id"] for x in server.batch_lines(batches[1])}
+    assert len(failed) == 3
+    assert set(failed) <= second, "the error file's lines were not submitted again"
+    stats = json.loads((rd.stage("responses").path / "stats.json").read_text())
+    assert stats["llm"]["failed"] == 0
+    assert stage_rows(rd) == stage_rows(reference)
+
+
+def test_a_client_error_line_is_a_recorded_failure_not_resent(tmp_path):
+    with BatchesServer() as server:
+        server.inject("400", count=1, message="Invalid 'messages': too long")
+        with pytest.raises(StageError, match=r"1 examples have failed requests \(\{'HTTP 400': 1\}\)"):
+            run_sample(tmp_path, server, "refused", True, "backend.max_attempts=3")
+        bad = server.files[server.batches[server.created_ids()[0]]["error_file_id"]]["data"]
+        key = json.loads(bad.decode().splitlines()[0])["custom_id"]
+        resent = [b for b, cid in all_lines(server) if cid == key]
+    assert len(resent) == 1, "a 400 line was submitted again"
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "outputs" / "refused" / "cache.sqlite")
+    reasons = [r for (r,) in db.execute("SELECT reason FROM errors WHERE key = ?", (key,))]
+    db.close()
+    assert reasons and "HTTP 400: Invalid 'messages': too long" in reasons[0]
+
+
+def test_an_expired_batch_keeps_its_answers_and_resubmits_the_rest(tmp_path, reference):
+    with BatchesServer() as server:
+        server.expire_next(4)
+        rd = run_sample(tmp_path, server, "expired", batch=True)
+        first, second = server.created_ids()[:2]
+        assert server.batches[first]["status"] == "expired"
+        done = [json.loads(x)["custom_id"] for x in
+                server.files[server.batches[first]["output_file_id"]]["data"].decode().splitlines()]  # fmt: skip
+        sent_first = [x["custom_id"] for x in server.batch_lines(first)]
+        sent_second = {x["custom_id"] for x in server.batch_lines(second)}
+    assert len(done) == 4
+    rest = set(sent_first) - set(done)
+    assert rest and rest <= sent_second and not set(done) & sent_second
+    assert stage_rows(rd) == stage_rows(reference)
+
+
+def test_files_split_at_the_request_and_byte_limits(tmp_path, reference):
+    # the server refuses a file over 3 requests, as OpenAI refuses one over 50,000
+    with BatchesServer(max_requests=3, max_bytes=8_000) as server:
+        rd = run_sample(tmp_path, server, "split", True,
+                        "backend.openai.batch_max_requests=3",
+                        "backend.openai.batch_max_bytes=8000")  # fmt: skip
+        sizes = [(len(server.batch_lines(b)), server.files[server.batches[b]["input_file_id"]]
+                  ["obj"]["bytes"]) for b in server.created_ids()]  # fmt: skip
+        statuses = {server.batches[b]["status"] for b in server.created_ids()}
+        ids = [cid for _, cid in all_lines(server)]
+    assert statuses == {"completed"}
+    assert all(n <= 3 and size <= 8_000 for n, size in sizes)
+    # the responses stage alone asks 10 requests: at least 4 files of at most 3
+    assert len(sizes) >= 4
+    assert len(ids) == len(set(ids)), "a request went into two files"
+    assert stage_rows(rd) == stage_rows(reference)
+
+
+def test_a_failed_batch_is_one_line_naming_the_reason(tmp_path):
+    with BatchesServer(max_requests=3) as server:
+        args = sample_overrides(tmp_path, server, "failed", batch=True)
+        cmd = [sys.executable, "-m", "pipeline.cli", "run", str(SAMPLE_CONFIG), "--no-progress"]
+        for a in args:
+            cmd += ["--set", a]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        bid = server.created_ids()[0]
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert f"openai batch {bid} failed: The batch input file has more than 3 requests." in last
+
+
+def test_a_batch_created_but_not_recorded_is_found_again(tmp_path):
+    """A kill between batches.create and the record of its id: the next run finds the
+    batch by its input file and polls it; nothing is created twice."""
+    from pipeline.backends.base import RequestFeed
+    from pipeline.backends.openai_backend import OpenAIBackend
+    from pipeline.backends.openai_batch import Ledger, request_line
+    from pipeline.backends.settings import BackendSection
+    from pipeline.chat import ChatRequest
+
+    with BatchesServer() as server:
+        cfg = BackendSection.model_validate({
+            "model": "standin-model",
+            "openai": {"base_url": server.base_url, "batch": True, "batch_poll_s": 0.05,
+                       "batch_collect_s": 0.0},
+        })  # fmt: skip
+        reqs = [ChatRequest(messages=(("user", f"Say something about {i}."),),
+                            model="standin-model", max_tokens=20) for i in range(3)]  # fmt: skip
+        data = "".join(json.dumps(request_line(r, r.openai_body())) + "\n" for r in reqs)
+        client = openai.OpenAI(base_url=server.base_url, api_key="test")
+        up = client.files.create(file=("x.jsonl", data.encode(), "application/jsonl"),
+                                 purpose="batch")  # fmt: skip
+        made = client.batches.create(input_file_id=up.id, endpoint="/v1/chat/completions",
+                                     completion_window="24h")  # fmt: skip
+        client.close()
+        folder = tmp_path / "run" / "openai-batches"
+        Ledger(folder).save({"local": "0-killed", "created": time.time(), "state": "uploaded",
+                             "url": server.base_url, "requests": 3, "bytes": len(data),
+                             "input_file_id": up.id, "custom_ids": [r.key for r in reqs]})  # fmt: skip
+
+        async def go() -> dict:
+            backend = OpenAIBackend.build(cfg, cache_path=tmp_path / "run" / "cache.sqlite")
+            feed = RequestFeed()
+            for i, r in enumerate(reqs):
+                feed.put(i, r)
+            out = {}
+            async for token, res in backend.stream(feed):
+                out[token] = res
+                if len(out) == len(reqs):
+                    feed.close()
+            await backend.aclose()
+            return out
+
+        out = asyncio.run(go())
+        assert server.creates == 1
+        assert server.retrieves[made.id] >= 1
+    assert sorted(out) == [0, 1, 2]
+    assert all(res.choices[0].text for res in out.values())
+    rec = json.loads((folder / "0-killed.json").read_text())
+    assert rec["batch_id"] == made.id and rec["status"] == "completed"
