@@ -539,9 +539,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     total = errors = 0
     ledger: dict = {}
     if rd.cache_path.exists():
-        from pipeline.budget import run_ledger
+        from pipeline.budget import run_ledger, run_prices
 
-        ledger = run_ledger(rd, cfg.run.prices if cfg is not None else None)
+        ledger = run_ledger(rd, run_prices(cfg) if cfg is not None else None)
         with RequestCache(rd.cache_path, readonly=True) as cache:
             per_stage = cache.counts_by_stage()
             total = sum(v["answers"] for v in per_stage.values())

@@ -296,3 +296,85 @@ def test_a_batch_created_but_not_recorded_is_found_again(tmp_path):
     assert all(res.choices[0].text for res in out.values())
     rec = json.loads((folder / "0-killed.json").read_text())
     assert rec["batch_id"] == made.id and rec["status"] == "completed"
+
+
+PRICES = [
+    "run.prices.input_usd_per_million=2.5",
+    "run.prices.output_usd_per_million=10",
+    "run.prices.batch_input_usd_per_million=1.25",
+    "run.prices.batch_output_usd_per_million=5",
+]
+
+
+def _plan(tmp_path: Path, *sets: str) -> tuple[dict, str]:
+    from pipeline.cli import main
+
+    args = ["plan", str(SAMPLE_CONFIG), "--tokens-per-second", "100"]
+    base = ["input.limit=2", f"run.output_dir={tmp_path / 'outputs'}",
+            "backend.openai.base_url=http://127.0.0.1:9/v1", *PRICES, *sets]  # fmt: skip
+    for s in base:
+        args += ["--set", s]
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main([*args, "--json"]) == 0
+    data = json.loads(out.getvalue())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(args) == 0
+    return data, out.getvalue()
+
+
+def test_plan_shows_the_batch_price_beside_the_standard_one(tmp_path):
+    data, text = _plan(tmp_path)
+    c, t = data["cost"], data["totals"]
+    prompt, bound = t["prompt_tokens_bound"], t["output_tokens_bound"]
+    assert c["usd_bound"] == pytest.approx((prompt * 2.5 + bound * 10) / 1e6)
+    assert c["batch"]["usd_bound"] == pytest.approx((prompt * 1.25 + bound * 5) / 1e6)
+    assert c["paid"] == "standard"
+    standard_usd = t["budget_to_finish"]["usd"]
+    assert f"cost: ${c['usd_bound']:,.2f} at most" in text
+    assert (
+        f"cost at batch rates: ${c['batch']['usd_bound']:,.2f} at most, at $1.25 / $5 per "
+        "million prompt / output tokens (run.prices.batch_*): if sent as batches" in text
+    )
+
+    data, text = _plan(tmp_path, "backend.openai.batch=true")
+    c = data["cost"]
+    assert c["paid"] == "batch"
+    assert "what this run pays (backend.openai.batch is on)" in text
+    assert "batches are answered within 24 hours" in text
+    # the budget a batch run finishes under is priced at the batch rates
+    assert data["totals"]["budget_to_finish"]["usd"] == pytest.approx(standard_usd / 2, rel=1e-3)
+
+
+def test_a_batch_run_is_budgeted_and_accounted_at_batch_rates(tmp_path):
+    from pipeline.budget import cost_usd, make_budget
+    from pipeline.cache import RequestCache
+
+    with BatchesServer() as server:
+        rd = run_sample(tmp_path, server, "priced", True, *PRICES)
+        cfg = load_config(SAMPLE_CONFIG, [*sample_overrides(tmp_path, server, "priced", True),
+                                          *PRICES, "run.budget.usd=100"])  # fmt: skip
+    ledger = json.loads((rd.stage("responses").path / "stats.json").read_text())["ledger"]["run"]
+    assert ledger["answers"] > 0
+    batch = cost_usd(ledger["prompt_tokens"], ledger["completion_tokens"],
+                     cfg.run.prices.batch_rates())  # fmt: skip
+    assert ledger["usd"] == pytest.approx(batch)
+    with RequestCache(rd.cache_path) as cache:
+        budget = make_budget(cfg, cache, "x")
+        assert budget is not None and budget.prices.input_usd_per_million == 1.25
+        plain = load_config(SAMPLE_CONFIG, [*PRICES, "run.budget.usd=100"])
+        budget = make_budget(plain, cache, "x")
+        assert budget is not None and budget.prices.input_usd_per_million == 2.5
+
+
+def test_one_batch_price_without_the_other_is_refused_at_load(tmp_path):
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(SAMPLE_CONFIG, ["run.prices.batch_input_usd_per_million=1.25"])
+    assert err.value.field == "run.prices.batch_output_usd_per_million"
+    assert "give both run.prices.batch_input_usd_per_million" in str(err.value)

@@ -408,6 +408,10 @@ class OpenAIBackend(Backend):
         return describe_server(identity)
 
     @classmethod
+    def batch_priced(cls, cfg: BackendSection) -> bool:
+        return cfg.openai.batch
+
+    @classmethod
     def asked(cls, cfg: BackendSection) -> dict[str, Any]:
         return {"backend": cls.name, "url": plain_url(cfg.openai.base_url)}
 
