@@ -88,8 +88,15 @@ class BatchesServer(StandinServer):
     # -- files ----------------------------------------------------------------------------
     def _file(self, data: bytes, purpose: str, filename: str) -> dict[str, Any]:
         fid = f"file-{uuid.uuid4().hex[:24]}"
-        obj = {"id": fid, "object": "file", "bytes": len(data), "created_at": int(time.time()),
-               "filename": filename, "purpose": purpose, "status": "processed"}  # fmt: skip
+        obj = {
+            "id": fid,
+            "object": "file",
+            "bytes": len(data),
+            "created_at": int(time.time()),
+            "filename": filename,
+            "purpose": purpose,
+            "status": "processed",
+        }
         self.files[fid] = {"obj": obj, "data": data}
         return obj
 
@@ -131,8 +138,12 @@ class BatchesServer(StandinServer):
         if body.get("completion_window") != "24h":
             return _error(400, "completion_window must be '24h'")
         endpoint = body.get("endpoint")
-        if endpoint not in ("/v1/chat/completions", "/v1/embeddings", "/v1/completions",
-                            "/v1/responses"):  # fmt: skip
+        if endpoint not in (
+            "/v1/chat/completions",
+            "/v1/embeddings",
+            "/v1/completions",
+            "/v1/responses",
+        ):
             return _error(400, f"Invalid endpoint {endpoint!r}")
         now = int(time.time())
         bid = f"batch_{uuid.uuid4().hex[:24]}"
@@ -141,15 +152,30 @@ class BatchesServer(StandinServer):
             expire = self._expire.pop(0) if self._expire else None
             self.order.append(bid)
         self.batches[bid] = {
-            "id": bid, "object": "batch", "endpoint": endpoint, "errors": None,
-            "input_file_id": fid, "completion_window": "24h", "status": "validating",
-            "output_file_id": None, "error_file_id": None, "created_at": now,
-            "in_progress_at": None, "expires_at": now + 86400, "finalizing_at": None,
-            "completed_at": None, "failed_at": None, "expired_at": None,
-            "cancelling_at": None, "cancelled_at": None,
+            "id": bid,
+            "object": "batch",
+            "endpoint": endpoint,
+            "errors": None,
+            "input_file_id": fid,
+            "completion_window": "24h",
+            "status": "validating",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": now,
+            "in_progress_at": None,
+            "expires_at": now + 86400,
+            "finalizing_at": None,
+            "completed_at": None,
+            "failed_at": None,
+            "expired_at": None,
+            "cancelling_at": None,
+            "cancelled_at": None,
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": body.get("metadata"), "_expire": expire, "_out": [], "_err": [],
-        }  # fmt: skip
+            "metadata": body.get("metadata"),
+            "_expire": expire,
+            "_out": [],
+            "_err": [],
+        }
         self.retrieves[bid] = 0
         return web.json_response(self._public(bid))
 
@@ -173,10 +199,15 @@ class BatchesServer(StandinServer):
             ids = ids[ids.index(after) + 1 :]
         page = ids[:limit]
         data = [self._public(b) for b in page]
-        return web.json_response({"object": "list", "data": data,
-                                  "first_id": page[0] if page else None,
-                                  "last_id": page[-1] if page else None,
-                                  "has_more": len(ids) > limit})  # fmt: skip
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": page[0] if page else None,
+                "last_id": page[-1] if page else None,
+                "has_more": len(ids) > limit,
+            }
+        )
 
     async def _cancel(self, request: web.Request) -> web.Response:
         bid = request.match_info["bid"]
@@ -194,34 +225,62 @@ class BatchesServer(StandinServer):
         lines: list[dict[str, Any]] = []
         seen: set[str] = set()
         if len(data) > self.max_bytes:
-            problems.append({"code": "file_too_large", "line": None,
-                             "message": f"The input file is larger than {self.max_bytes} bytes."})  # fmt: skip
+            problems.append(
+                {
+                    "code": "file_too_large",
+                    "line": None,
+                    "message": f"The input file is larger than {self.max_bytes} bytes.",
+                }
+            )
         rows = data.decode("utf-8").splitlines()
         if len(rows) > self.max_requests:
-            problems.append({"code": "too_many_requests", "line": None, "message":
-                             f"The batch input file has more than {self.max_requests} requests."})  # fmt: skip
+            problems.append(
+                {
+                    "code": "too_many_requests",
+                    "line": None,
+                    "message": f"The batch input file has more than {self.max_requests} requests.",
+                }
+            )
         for n, raw in enumerate(rows, 1):
             try:
                 line = json.loads(raw)
             except ValueError:
-                problems.append({"code": "invalid_json_line", "line": n,
-                                 "message": "This line is not parseable as valid JSON."})  # fmt: skip
+                problems.append(
+                    {
+                        "code": "invalid_json_line",
+                        "line": n,
+                        "message": "This line is not parseable as valid JSON.",
+                    }
+                )
                 continue
             cid = line.get("custom_id") if isinstance(line, dict) else None
             if not isinstance(cid, str) or cid in seen:
-                problems.append({"code": "duplicate_custom_id", "line": n,
-                                 "message": "The custom_id for this request is a duplicate."})  # fmt: skip
+                problems.append(
+                    {
+                        "code": "duplicate_custom_id",
+                        "line": n,
+                        "message": "The custom_id for this request is a duplicate.",
+                    }
+                )
                 continue
             if line.get("url") != b["endpoint"] or line.get("method") != "POST":
-                problems.append({"code": "mismatched_endpoint", "line": n,
-                                 "message": "The url of this request does not match the batch's endpoint."})  # fmt: skip
+                problems.append(
+                    {
+                        "code": "mismatched_endpoint",
+                        "line": n,
+                        "message": "The url of this request does not match the batch's endpoint.",
+                    }
+                )
                 continue
             seen.add(cid)
             lines.append(line)
         if problems:
             now = int(time.time())
-            b.update(status="failed", failed_at=now,
-                     errors={"object": "list", "data": [{"param": None, **p} for p in problems]})  # fmt: skip
+            b.update(
+                status="failed",
+                failed_at=now,
+                errors={"object": "list", "data": [{"param": None, **p} for p in problems]},
+            )
             return None
         return lines
 
@@ -259,9 +318,12 @@ class BatchesServer(StandinServer):
                 fault = self._take_fault(body)
                 resp = await self._respond(body, fault)
             payload = json.loads(resp.body)  # type: ignore[arg-type]
-            out = {"id": f"batch_req_{uuid.uuid4().hex[:24]}", "custom_id": line["custom_id"],
-                   "response": {"status_code": resp.status, "request_id": rid, "body": payload},
-                   "error": None}  # fmt: skip
+            out = {
+                "id": f"batch_req_{uuid.uuid4().hex[:24]}",
+                "custom_id": line["custom_id"],
+                "response": {"status_code": resp.status, "request_id": rid, "body": payload},
+                "error": None,
+            }
             if resp.status == 200:
                 b["_out"].append(out)
                 b["request_counts"]["completed"] += 1
@@ -271,15 +333,24 @@ class BatchesServer(StandinServer):
             with self._lock:
                 self.lines_answered += 1
         for line in b["_lines"][len(todo) :]:
-            b["_err"].append({"id": f"batch_req_{uuid.uuid4().hex[:24]}",
-                              "custom_id": line["custom_id"], "response": None,
-                              "error": {"code": "batch_expired", "message":
-                                        "This request could not be executed before the "
-                                        "completion window expired."}})  # fmt: skip
+            b["_err"].append(
+                {
+                    "id": f"batch_req_{uuid.uuid4().hex[:24]}",
+                    "custom_id": line["custom_id"],
+                    "response": None,
+                    "error": {
+                        "code": "batch_expired",
+                        "message": "This request could not be executed before the "
+                        "completion window expired.",
+                    },
+                }
+            )
 
     def _write_results(self, b: dict[str, Any]) -> None:
-        for key, field, purpose in (("_out", "output_file_id", "batch_output"),
-                                    ("_err", "error_file_id", "batch_output")):  # fmt: skip
+        for key, field, purpose in (
+            ("_out", "output_file_id", "batch_output"),
+            ("_err", "error_file_id", "batch_output"),
+        ):
             if b[key] and b[field] is None:
                 data = "".join(json.dumps(x) + "\n" for x in b[key]).encode()
                 b[field] = self._file(data, purpose, f"{b['id']}{key}.jsonl")["id"]

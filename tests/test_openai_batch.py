@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -48,7 +47,9 @@ def sample_overrides(tmp_path: Path, server: StandinServer, name: str, batch: bo
     return out
 
 
-def run_sample(tmp_path: Path, server: StandinServer, name: str, batch: bool, *extra: str) -> RunDir:
+def run_sample(
+    tmp_path: Path, server: StandinServer, name: str, batch: bool, *extra: str
+) -> RunDir:
     cfg = load_config(SAMPLE_CONFIG, [*sample_overrides(tmp_path, server, name, batch), *extra])
     run_pipeline(cfg, progress=False, echo=lambda s: None)
     return RunDir(cfg.run_dir)
@@ -131,13 +132,17 @@ def test_killed_after_submission_resumes_without_submitting_again(tmp_path, refe
         cmd = [sys.executable, "-m", "pipeline.cli", "run", str(SAMPLE_CONFIG), "--no-progress"]
         for a in args:
             cmd += ["--set", a]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         try:
             # polled twice: the batch's id was recorded before the first poll, and what
             # the first poll said (in_progress) before the second
-            _wait(lambda: server.creates == 1 and sum(server.retrieves.values()) >= 2,
-                  "the first batch was polled", proc)  # fmt: skip
+            _wait(
+                lambda: server.creates == 1 and sum(server.retrieves.values()) >= 2,
+                "the first batch was polled",
+                proc,
+            )
         finally:
             proc.kill()
             proc.wait()
@@ -148,8 +153,13 @@ def test_killed_after_submission_resumes_without_submitting_again(tmp_path, refe
         assert records[0]["custom_ids"] == [x["custom_id"] for x in server.batch_lines(first)]
 
         # prb status shows it in flight
-        st = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", str(rd.path)],
-                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        st = subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "status", str(rd.path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert st.returncode == 0, st.stderr
         assert f"batch {first}: in_progress, 0 of {records[0]['requests']} answered" in st.stdout
 
@@ -184,7 +194,9 @@ def test_error_file_lines_go_into_the_next_batch(tmp_path, reference):
 def test_a_client_error_line_is_a_recorded_failure_not_resent(tmp_path):
     with BatchesServer() as server:
         server.inject("400", count=1, message="Invalid 'messages': too long")
-        with pytest.raises(StageError, match=r"1 examples have failed requests \(\{'HTTP 400': 1\}\)"):
+        with pytest.raises(
+            StageError, match=r"1 examples have failed requests \(\{'HTTP 400': 1\}\)"
+        ):
             run_sample(tmp_path, server, "refused", True, "backend.max_attempts=3")
         bad = server.files[server.batches[server.created_ids()[0]]["error_file_id"]]["data"]
         key = json.loads(bad.decode().splitlines()[0])["custom_id"]
@@ -204,8 +216,12 @@ def test_an_expired_batch_keeps_its_answers_and_resubmits_the_rest(tmp_path, ref
         rd = run_sample(tmp_path, server, "expired", batch=True)
         first, second = server.created_ids()[:2]
         assert server.batches[first]["status"] == "expired"
-        done = [json.loads(x)["custom_id"] for x in
-                server.files[server.batches[first]["output_file_id"]]["data"].decode().splitlines()]  # fmt: skip
+        done = [
+            json.loads(x)["custom_id"]
+            for x in server.files[server.batches[first]["output_file_id"]]["data"]
+            .decode()
+            .splitlines()
+        ]
         sent_first = [x["custom_id"] for x in server.batch_lines(first)]
         sent_second = {x["custom_id"] for x in server.batch_lines(second)}
     assert len(done) == 4
@@ -217,11 +233,21 @@ def test_an_expired_batch_keeps_its_answers_and_resubmits_the_rest(tmp_path, ref
 def test_files_split_at_the_request_and_byte_limits(tmp_path, reference):
     # the server refuses a file over 3 requests, as OpenAI refuses one over 50,000
     with BatchesServer(max_requests=3, max_bytes=8_000) as server:
-        rd = run_sample(tmp_path, server, "split", True,
-                        "backend.openai.batch_max_requests=3",
-                        "backend.openai.batch_max_bytes=8000")  # fmt: skip
-        sizes = [(len(server.batch_lines(b)), server.files[server.batches[b]["input_file_id"]]
-                  ["obj"]["bytes"]) for b in server.created_ids()]  # fmt: skip
+        rd = run_sample(
+            tmp_path,
+            server,
+            "split",
+            True,
+            "backend.openai.batch_max_requests=3",
+            "backend.openai.batch_max_bytes=8000",
+        )
+        sizes = [
+            (
+                len(server.batch_lines(b)),
+                server.files[server.batches[b]["input_file_id"]]["obj"]["bytes"],
+            )
+            for b in server.created_ids()
+        ]
         statuses = {server.batches[b]["status"] for b in server.created_ids()}
         ids = [cid for _, cid in all_lines(server)]
     assert statuses == {"completed"}
@@ -257,24 +283,47 @@ def test_a_batch_created_but_not_recorded_is_found_again(tmp_path):
     from pipeline.chat import ChatRequest
 
     with BatchesServer() as server:
-        cfg = BackendSection.model_validate({
-            "model": "standin-model",
-            "openai": {"base_url": server.base_url, "batch": True, "batch_poll_s": 0.05,
-                       "batch_collect_s": 0.0},
-        })  # fmt: skip
-        reqs = [ChatRequest(messages=(("user", f"Say something about {i}."),),
-                            model="standin-model", max_tokens=20) for i in range(3)]  # fmt: skip
+        cfg = BackendSection.model_validate(
+            {
+                "model": "standin-model",
+                "openai": {
+                    "base_url": server.base_url,
+                    "batch": True,
+                    "batch_poll_s": 0.05,
+                    "batch_collect_s": 0.0,
+                },
+            }
+        )
+        reqs = [
+            ChatRequest(
+                messages=(("user", f"Say something about {i}."),),
+                model="standin-model",
+                max_tokens=20,
+            )
+            for i in range(3)
+        ]
         data = "".join(json.dumps(request_line(r, r.openai_body())) + "\n" for r in reqs)
         client = openai.OpenAI(base_url=server.base_url, api_key="test")
-        up = client.files.create(file=("x.jsonl", data.encode(), "application/jsonl"),
-                                 purpose="batch")  # fmt: skip
-        made = client.batches.create(input_file_id=up.id, endpoint="/v1/chat/completions",
-                                     completion_window="24h")  # fmt: skip
+        up = client.files.create(
+            file=("x.jsonl", data.encode(), "application/jsonl"), purpose="batch"
+        )
+        made = client.batches.create(
+            input_file_id=up.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
         client.close()
         folder = tmp_path / "run" / "openai-batches"
-        Ledger(folder).save({"local": "0-killed", "created": time.time(), "state": "uploaded",
-                             "url": server.base_url, "requests": 3, "bytes": len(data),
-                             "input_file_id": up.id, "custom_ids": [r.key for r in reqs]})  # fmt: skip
+        Ledger(folder).save(
+            {
+                "local": "0-killed",
+                "created": time.time(),
+                "state": "uploaded",
+                "url": server.base_url,
+                "requests": 3,
+                "bytes": len(data),
+                "input_file_id": up.id,
+                "custom_ids": [r.key for r in reqs],
+            }
+        )
 
         async def go() -> dict:
             backend = OpenAIBackend.build(cfg, cache_path=tmp_path / "run" / "cache.sqlite")
@@ -310,8 +359,13 @@ def _plan(tmp_path: Path, *sets: str) -> tuple[dict, str]:
     from pipeline.cli import main
 
     args = ["plan", str(SAMPLE_CONFIG), "--tokens-per-second", "100"]
-    base = ["input.limit=2", f"run.output_dir={tmp_path / 'outputs'}",
-            "backend.openai.base_url=http://127.0.0.1:9/v1", *PRICES, *sets]  # fmt: skip
+    base = [
+        "input.limit=2",
+        f"run.output_dir={tmp_path / 'outputs'}",
+        "backend.openai.base_url=http://127.0.0.1:9/v1",
+        *PRICES,
+        *sets,
+    ]
     for s in base:
         args += ["--set", s]
     import contextlib
@@ -356,12 +410,15 @@ def test_a_batch_run_is_budgeted_and_accounted_at_batch_rates(tmp_path):
 
     with BatchesServer() as server:
         rd = run_sample(tmp_path, server, "priced", True, *PRICES)
-        cfg = load_config(SAMPLE_CONFIG, [*sample_overrides(tmp_path, server, "priced", True),
-                                          *PRICES, "run.budget.usd=100"])  # fmt: skip
+        cfg = load_config(
+            SAMPLE_CONFIG,
+            [*sample_overrides(tmp_path, server, "priced", True), *PRICES, "run.budget.usd=100"],
+        )
     ledger = json.loads((rd.stage("responses").path / "stats.json").read_text())["ledger"]["run"]
     assert ledger["answers"] > 0
-    batch = cost_usd(ledger["prompt_tokens"], ledger["completion_tokens"],
-                     cfg.run.prices.batch_rates())  # fmt: skip
+    batch = cost_usd(
+        ledger["prompt_tokens"], ledger["completion_tokens"], cfg.run.prices.batch_rates()
+    )
     assert ledger["usd"] == pytest.approx(batch)
     with RequestCache(rd.cache_path) as cache:
         budget = make_budget(cfg, cache, "x")

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import openai
 from tenacity import AsyncRetrying
@@ -47,8 +47,8 @@ from pipeline.io import read_json, write_json_atomic
 if TYPE_CHECKING:
     from pipeline.backends.openai_backend import OpenAIBackend
 
-ENDPOINT = "/v1/chat/completions"
-COMPLETION_WINDOW = "24h"  # the only window the API offers
+ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
+COMPLETION_WINDOW: Literal["24h"] = "24h"  # the only window the API offers
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
 FINAL = ("completed", "failed", "expired", "cancelled")
 # a record's states, in order: written before the upload, after it, after batches.create,
@@ -108,10 +108,10 @@ def line_outcome(line: dict[str, Any], req: ChatRequest) -> ChatResult | LineErr
     body = response.get("body") if response else None
     err = body.get("error") if isinstance(body, dict) else None
     message = err.get("message") if isinstance(err, dict) else None
-    code = int(status) if isinstance(status, int) else 0
+    http = int(status) if isinstance(status, int) else 0
     return LineError(
-        f"HTTP {code}: {message or 'no answer'}"[:500],
-        resend=code in _RESEND_STATUS or code >= 500,
+        f"HTTP {http}: {message or 'no answer'}"[:500],
+        resend=http in _RESEND_STATUS or http >= 500,
     )
 
 
@@ -330,7 +330,9 @@ class BatchRunner:
             if len(data) > s.batch_max_bytes:
                 too_big.append(key)
                 continue
-            if current and (len(current) >= s.batch_max_requests or size + len(data) > s.batch_max_bytes):
+            if current and (
+                len(current) >= s.batch_max_requests or size + len(data) > s.batch_max_bytes
+            ):
                 files.append(current)
                 current, size = [], 0
             current.append((key, data))
@@ -503,7 +505,9 @@ class BatchRunner:
                         counts = rec.get("request_counts") or {}
                         bar = bars.get(rec["local"])
                         if bar is None:
-                            bar = bars[rec["local"]] = BatchProgress(rec["batch_id"], rec["requests"])
+                            bar = bars[rec["local"]] = BatchProgress(
+                                rec["batch_id"], rec["requests"]
+                            )
                         bar.update(
                             batch.status,
                             counts.get("completed", 0),

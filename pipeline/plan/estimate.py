@@ -354,7 +354,7 @@ def _summarise(
         "seconds": round(out_tokens / tps, 1) if tps else None,
         "basis": "expected output" if expected_out is not None else "output bound",
     }
-    cost = {
+    cost: dict[str, Any] = {
         "input_usd_per_million": prices.input_usd_per_million,
         "output_usd_per_million": prices.output_usd_per_million,
         "usd_expected": cost_usd(prompt_all, expected_out, prices)

@@ -117,7 +117,9 @@ def render(plan: Plan, fresh: Plan | None = None, command: str | None = None) ->
             + ("; not what this run pays, see batch below" if paid_batch else "")
         )
     if batch is not None:
-        exp = f"${batch['usd_expected']:,.2f} expected, " if batch["usd_expected"] is not None else ""
+        exp = (
+            f"${batch['usd_expected']:,.2f} expected, " if batch["usd_expected"] is not None else ""
+        )
         paid = (
             "what this run pays (backend.openai.batch is on)"
             if paid_batch
