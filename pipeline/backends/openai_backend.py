@@ -136,6 +136,30 @@ class _EmptyAnswer(Exception):
     """The server answered 200 without usable choices; treated as transient."""
 
 
+# the public name of the same error, for readers of replies outside this module
+UnusableReply = _EmptyAnswer
+
+
+def parse_reply(resp: Any, req: ChatRequest) -> ChatResult:
+    """A chat-completions reply body (a dict) as a :class:`ChatResult`; raises
+    :data:`UnusableReply` when it holds no usable answer. The live backend reads every
+    reply with it, and so do batch results (pipeline/batch/lines.py): one reading."""
+    try:
+        choices = [
+            Choice(_valid_unicode(c["message"]["content"]), c.get("finish_reason") or "stop")
+            for c in resp["choices"]
+        ]
+        usage = resp.get("usage") or {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        model = resp.get("model") or req.model
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise _EmptyAnswer(f"the server's reply has no usable choices ({exc!r})") from None
+    if not choices or any(not isinstance(c.text, str) for c in choices):
+        raise _EmptyAnswer("the server returned no content")
+    return ChatResult(choices, prompt_tokens, completion_tokens, str(model))
+
+
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in _TRANSIENT_STATUS or exc.status_code >= 500
@@ -249,20 +273,7 @@ class OpenAIBackend(Backend):
         resp: Any = await self.client.post(
             "/chat/completions", body=req.openai_body(), cast_to=object
         )
-        try:
-            choices = [
-                Choice(_valid_unicode(c["message"]["content"]), c.get("finish_reason") or "stop")
-                for c in resp["choices"]
-            ]
-            usage = resp.get("usage") or {}
-            prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            completion_tokens = int(usage.get("completion_tokens") or 0)
-            model = resp.get("model") or req.model
-        except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise _EmptyAnswer(f"the server's reply has no usable choices ({exc!r})") from None
-        if not choices or any(not isinstance(c.text, str) for c in choices):
-            raise _EmptyAnswer("the server returned no content")
-        return ChatResult(choices, prompt_tokens, completion_tokens, str(model))
+        return parse_reply(resp, req)
 
     async def complete(self, req: ChatRequest) -> ChatResult | RequestFailure:
         """One request with its retries; raises BackendError when the server refuses the

@@ -1,0 +1,199 @@
+"""The OpenAI batch JSONL format: the request lines a batch file holds and the result lines
+that come back, as vLLM's offline runner (``python -m vllm.entrypoints.openai.run_batch``)
+and OpenAI's Batch API both write them. Shared by batch files (``prb batch``) and the Batch
+API mode, so the two read and write one format.
+
+A request line: ``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``;
+``custom_id`` is the request's cache key (``ChatRequest.key``), so an answer finds its
+request again whatever order the runner writes them in.
+
+A result line: ``{"id", "custom_id", "response": {"status_code", "request_id", "body"},
+"error"}``; ``body`` is the chat completion, read by the live backend's own reply parser
+(:func:`pipeline.backends.openai_backend.parse_reply`). vLLM writes a failed request as
+``response.status_code`` >= 400 with ``error`` holding a message or an error object;
+OpenAI's errors file as ``response: null`` with ``error: {"code", "message"}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.backends.openai_backend import UnusableReply, parse_reply
+from pipeline.chat import ChatRequest, ChatResult
+
+CHAT_URL = "/v1/chat/completions"
+# finish reasons of an answer that was stopped before the model finished it for a reason
+# of the runner's own (vLLM: a request aborted), or that names none: not an answer
+_NOT_FINISHED = {None, "abort"}
+# a custom_id or a server's message is shown up to this many characters
+_SHOWN = 200
+
+
+def request_line(req: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
+    """The batch line that asks ``req``; ``body`` is the chat-completions body to send."""
+    return {"custom_id": req.key, "method": "POST", "url": CHAT_URL, "body": body}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What one result line says.
+
+    - an answer: ``result`` is set; the runner still validates it as it validates every
+      answer before anything is cached;
+    - a failure: the line is about a request of this run, but holds no usable answer
+      (an error, a non-200 status, another model, a reply without content); ``why`` says
+      which; nothing is cached and the request is asked again;
+    - a skip: the line cannot be taken at all (not JSON, a custom_id this run never
+      asked, a second line for one custom_id); ``why`` says which.
+
+    ``code`` is a short reason for counting; ``where`` is ``source:line``.
+    """
+
+    where: str
+    custom_id: str | None = None
+    result: ChatResult | None = None
+    failed: bool = False
+    code: str = ""
+    why: str = ""
+    # the line's own id (vLLM "vllm-...", OpenAI "batch_req_..."): a file imported twice
+    # is told by it
+    line_id: str | None = None
+
+    @property
+    def skipped(self) -> bool:
+        return self.result is None and not self.failed
+
+    @property
+    def message(self) -> str:
+        """``source:line: why`` (empty for an answer)."""
+        return f"{self.where}: {self.why}" if self.why else ""
+
+
+def _shown(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
+
+
+def error_text(error: Any) -> str:
+    """The message of a batch line's ``error`` or an error body: a string, OpenAI's
+    ``{"code", "message"}``, or vLLM's ``ErrorResponse`` (``{"error": {...}}`` or
+    ``{"object": "error", "message", ...}``). Secrets a server may echo are masked."""
+    from pipeline.redact import redact
+
+    inner = error.get("error") if isinstance(error, dict) else None
+    if isinstance(inner, (dict, str)):
+        error = inner
+    if isinstance(error, dict):
+        message = error.get("message")
+        code = error.get("code") or error.get("type")
+        text = f"{code}: {message}" if code and message else str(message or code or error)
+    else:
+        text = str(error)
+    return redact(_shown(text))
+
+
+def read_results(
+    lines: Iterable[str | bytes], expected: Mapping[str, ChatRequest], *, source: str
+) -> Iterator[Parsed]:
+    """Read result lines (one file's, or one stream's), each checked against the request
+    it answers (``expected``: custom_id -> the request this run asked). Blank lines are
+    passed over; every other line gives one :class:`Parsed`. A second line for one
+    custom_id is skipped: the first one read is the answer."""
+    seen: dict[str, int] = {}
+    for n, raw in enumerate(lines, 1):
+        where = f"{source}:{n}"
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield Parsed(where, code="broken line", why="not UTF-8 text")
+                continue
+        text = raw.strip()
+        if not text:
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError as exc:
+            yield Parsed(where, code="broken line", why=f"not a JSON line ({exc})")
+            continue
+        if not isinstance(obj, dict):
+            yield Parsed(where, code="broken line", why="not a JSON object")
+            continue
+        cid = obj.get("custom_id")
+        if not isinstance(cid, str) or not cid:
+            yield Parsed(where, code="broken line", why="no custom_id")
+            continue
+        if cid not in expected:
+            yield Parsed(
+                where,
+                cid,
+                code="not asked",
+                why=f"custom_id {_shown(cid)} was not asked by this run",
+            )
+            continue
+        if cid in seen:
+            yield Parsed(
+                where,
+                cid,
+                code="duplicate",
+                why=f"custom_id {_shown(cid)} appears again (first on line {seen[cid]}); "
+                "only the first is read",
+            )
+            continue
+        seen[cid] = n
+        line_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+        yield _answer(where, cid, obj, expected[cid], line_id)
+
+
+def _answer(
+    where: str, cid: str, obj: dict[str, Any], req: ChatRequest, line_id: str | None
+) -> Parsed:
+    """The line of a request this run asked: its answer, or why it has none."""
+
+    def failed(code: str, why: str) -> Parsed:
+        return Parsed(where, cid, failed=True, code=code, why=why, line_id=line_id)
+
+    response = obj.get("response")
+    status = response.get("status_code") if isinstance(response, dict) else None
+    if obj.get("error") is not None:
+        said = f"HTTP {status}: " if isinstance(status, int) and status != 200 else ""
+        why = f"the request failed in the batch ({said}{error_text(obj['error'])})"
+        return failed("error", why)
+    if not isinstance(response, dict):
+        return failed("broken line", "no response and no error")
+    body = response.get("body")
+    if isinstance(status, bool) or not isinstance(status, int):
+        return failed("broken line", "response.status_code is not a number")
+    if status != 200:
+        shown = f": {error_text(body)}" if body else ""
+        return failed(f"HTTP {status}", f"the request failed in the batch (HTTP {status}{shown})")
+    if not isinstance(body, dict):
+        return failed("broken line", "response.body is not a chat completion")
+    model = body.get("model")
+    if model != req.model:
+        return failed(
+            "other model",
+            f"answered by model {_shown(model)}, but the request asked for {_shown(req.model)}",
+        )
+    choices = body.get("choices")
+    if isinstance(choices, list):
+        for i, c in enumerate(choices):
+            reason = c.get("finish_reason") if isinstance(c, dict) else None
+            if reason in _NOT_FINISHED:
+                return failed(
+                    "unfinished",
+                    f"choice {i} has finish_reason {json.dumps(reason)}: it was not finished",
+                )
+    try:
+        result = parse_reply(body, req)
+    except UnusableReply as exc:
+        return failed("unusable reply", str(exc))
+    if len(result.choices) != req.n:
+        return failed(
+            "wrong n", f"{len(result.choices)} answers, but the request asked for n={req.n}"
+        )
+    return Parsed(where, cid, result=result, line_id=line_id)
