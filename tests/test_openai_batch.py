@@ -195,7 +195,7 @@ def test_a_client_error_line_is_a_recorded_failure_not_resent(tmp_path):
     with BatchesServer() as server:
         server.inject("400", count=1, message="Invalid 'messages': too long")
         with pytest.raises(
-            StageError, match=r"1 examples have failed requests \(\{'HTTP 400': 1\}\)"
+            StageError, match=r"1 examples have failed requests \(\{'batch HTTP 400': 1\}\)"
         ):
             run_sample(tmp_path, server, "refused", True, "backend.max_attempts=3")
         bad = server.files[server.batches[server.created_ids()[0]]["error_file_id"]]["data"]
@@ -207,7 +207,9 @@ def test_a_client_error_line_is_a_recorded_failure_not_resent(tmp_path):
     db = sqlite3.connect(tmp_path / "outputs" / "refused" / "cache.sqlite")
     reasons = [r for (r,) in db.execute("SELECT reason FROM errors WHERE key = ?", (key,))]
     db.close()
-    assert reasons and "HTTP 400: Invalid 'messages': too long" in reasons[0]
+    assert len(reasons) == 1
+    assert reasons[0].startswith("batch HTTP 400: the request failed in the batch (HTTP 400: ")
+    assert "Invalid 'messages': too long" in reasons[0]
 
 
 def test_an_expired_batch_keeps_its_answers_and_resubmits_the_rest(tmp_path, reference):
@@ -278,7 +280,8 @@ def test_a_batch_created_but_not_recorded_is_found_again(tmp_path):
     batch by its input file and polls it; nothing is created twice."""
     from pipeline.backends.base import RequestFeed
     from pipeline.backends.openai_backend import OpenAIBackend
-    from pipeline.backends.openai_batch import Ledger, request_line
+    from pipeline.backends.openai_batch import Ledger
+    from pipeline.batch.lines import request_line
     from pipeline.backends.settings import BackendSection
     from pipeline.chat import ChatRequest
 

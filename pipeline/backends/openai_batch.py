@@ -40,14 +40,15 @@ import openai
 from tenacity import AsyncRetrying
 
 from pipeline.backends.base import RequestFeed
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
+from pipeline.batch.lines import Parsed, read_results, request_line
+from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
 from pipeline.io import read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from pipeline.backends.openai_backend import OpenAIBackend
 
-ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
+ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"  # = lines.CHAT_URL
 COMPLETION_WINDOW: Literal["24h"] = "24h"  # the only window the API offers
 IN_FLIGHT = ("validating", "in_progress", "finalizing", "cancelling")
 FINAL = ("completed", "failed", "expired", "cancelled")
@@ -61,79 +62,51 @@ _RESEND_STATUS = {408, 409, 425, 429}
 
 @dataclass
 class LineError:
-    """A line of a batch's output or error file that holds no usable answer."""
+    """A result line of a request that holds no usable answer."""
 
     reason: str
     resend: bool  # sending the request again can fix it
 
 
-def result_from_body(body: Any, req: ChatRequest) -> ChatResult:
-    """A chat completion body (a batch line's ``response.body``) as a ChatResult; ValueError
-    when it has no usable choices."""
-    try:
-        choices = [
-            Choice(c["message"]["content"], c.get("finish_reason") or "stop")
-            for c in body["choices"]
-        ]
-        usage = body.get("usage") or {}
-        result = ChatResult(
-            choices,
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
-            str(body.get("model") or req.model),
-        )
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise ValueError(f"the answer has no usable choices ({exc!r})") from None
-    if not choices or any(not isinstance(c.text, str) for c in choices):
-        raise ValueError("the answer has no content")
-    return result
-
-
-def line_outcome(line: dict[str, Any], req: ChatRequest) -> ChatResult | LineError:
-    """One output or error line for ``req``: its answer, or why it has none."""
-    response = line.get("response") if isinstance(line.get("response"), dict) else None
-    error = line.get("error") if isinstance(line.get("error"), dict) else None
-    status = response.get("status_code") if response else None
-    if response is not None and status == 200 and not error:
+def _resend(parsed: Parsed, raw: list[str]) -> bool:
+    """Whether sending a failed line's request again can fix it: a 5xx, a 429, a timeout,
+    an expired batch, an unusable reply; not a refusal of the request itself (a 400),
+    another model or a wrong number of answers, which would come back the same."""
+    code = parsed.code
+    if code.startswith("HTTP "):
+        status = int(code[5:]) if code[5:].isdigit() else 0
+        return status in _RESEND_STATUS or status >= 500
+    if code == "error":  # the line's own error object says which
         try:
-            return result_from_body(response.get("body"), req)
-        except ValueError as exc:
-            return LineError(f"batch answer: {exc}", resend=True)
-    if error:
-        code = str(error.get("code") or "error")
-        return LineError(
-            f"batch line: {code}: {error.get('message') or ''}".strip()[:500],
-            resend=code in _RESEND_CODES,
-        )
-    body = response.get("body") if response else None
-    err = body.get("error") if isinstance(body, dict) else None
-    message = err.get("message") if isinstance(err, dict) else None
-    http = int(status) if isinstance(status, int) else 0
-    return LineError(
-        f"HTTP {http}: {message or 'no answer'}"[:500],
-        resend=http in _RESEND_STATUS or http >= 500,
-    )
+            obj = json.loads(raw[int(parsed.where.rsplit(":", 1)[1]) - 1])
+        except (ValueError, IndexError):
+            return False
+        error = obj.get("error")
+        response = obj.get("response")
+        status = response.get("status_code") if isinstance(response, dict) else None
+        if isinstance(status, int) and status != 200:
+            return status in _RESEND_STATUS or status >= 500
+        return isinstance(error, dict) and error.get("code") in _RESEND_CODES
+    return code in ("unusable reply", "unfinished", "broken line")
 
 
-def read_lines(text: str, expected: dict[str, ChatRequest]) -> dict[str, ChatResult | LineError]:
-    """The outcome of every expected request a batch file's lines answer; a line that is
-    not JSON, names no expected request, or repeats one is skipped."""
+def read_lines(
+    text: str, expected: dict[str, ChatRequest], source: str
+) -> dict[str, ChatResult | LineError]:
+    """The outcome of every expected request a batch's output or error file answers, read
+    by pipeline/batch/lines.py; lines it skips (not asked, repeated, broken) answer none."""
+    raw = text.splitlines()
     out: dict[str, ChatResult | LineError] = {}
-    for raw in text.splitlines():
-        try:
-            line = json.loads(raw)
-        except ValueError:
+    for parsed in read_results(raw, expected, source=source):
+        key = parsed.custom_id
+        if key is None or parsed.skipped or key in out:
             continue
-        key = line.get("custom_id") if isinstance(line, dict) else None
-        if not isinstance(key, str) or key not in expected or key in out:
-            continue
-        out[key] = line_outcome(line, expected[key])
+        if parsed.result is not None:
+            out[key] = parsed.result
+        else:
+            reason = f"batch {parsed.code}: {parsed.why} ({parsed.where})"
+            out[key] = LineError(reason[:500], resend=_resend(parsed, raw))
     return out
-
-
-def request_line(req: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
-    """One line of a batch input file: the request keyed by its cache key."""
-    return {"custom_id": req.key, "method": "POST", "url": ENDPOINT, "body": body}
 
 
 # ---- the record in the run directory ------------------------------------------------------
@@ -572,7 +545,9 @@ class BatchRunner:
         for kind in ("output", "errors"):
             path = self.ledger.results(rec, kind)
             if path.is_file():
-                for key, outcome in read_lines(path.read_text("utf-8"), expected).items():
+                source = f"batch {rec['batch_id']} {kind} file"
+                text = path.read_text("utf-8", errors="replace")
+                for key, outcome in read_lines(text, expected, source).items():
                     got.setdefault(key, outcome)
         status = rec.get("status")
         out: list[tuple[Any, ChatResult | RequestFailure]] = []
