@@ -281,8 +281,8 @@ def test_a_batch_created_but_not_recorded_is_found_again(tmp_path):
     from pipeline.backends.base import RequestFeed
     from pipeline.backends.openai_backend import OpenAIBackend
     from pipeline.backends.openai_batch import Ledger
-    from pipeline.batch.lines import request_line
     from pipeline.backends.settings import BackendSection
+    from pipeline.batch.lines import request_line
     from pipeline.chat import ChatRequest
 
     with BatchesServer() as server:
