@@ -83,9 +83,9 @@ def _resend(parsed: Parsed, raw: list[str]) -> bool:
             return False
         error = obj.get("error")
         response = obj.get("response")
-        status = response.get("status_code") if isinstance(response, dict) else None
-        if isinstance(status, int) and status != 200:
-            return status in _RESEND_STATUS or status >= 500
+        said = response.get("status_code") if isinstance(response, dict) else None
+        if isinstance(said, int) and said != 200:
+            return said in _RESEND_STATUS or said >= 500
         return isinstance(error, dict) and error.get("code") in _RESEND_CODES
     return code in ("unusable reply", "unfinished", "broken line")
 
