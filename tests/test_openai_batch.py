@@ -438,3 +438,20 @@ def test_one_batch_price_without_the_other_is_refused_at_load(tmp_path):
         load_config(SAMPLE_CONFIG, ["run.prices.batch_input_usd_per_million=1.25"])
     assert err.value.field == "run.prices.batch_output_usd_per_million"
     assert "give both run.prices.batch_input_usd_per_million" in str(err.value)
+
+
+def test_a_server_without_a_batch_api_is_one_line_and_leaves_no_record(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with StandinServer() as server:  # chat completions only, as `vllm serve`
+        cmd = [sys.executable, "-m", "pipeline.cli", "run", str(SAMPLE_CONFIG), "--no-progress"]
+        for a in sample_overrides(tmp_path, server, "nobatch", batch=True):
+            cmd += ["--set", a]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert server.request_count == 0
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: the server at {server.base_url} has no Batch API (the upload of a batch file "
+        "got HTTP 404); set backend.openai.batch to false, or point backend.openai.base_url "
+        "at a server that has one (OpenAI's)"
+    )
+    assert list((tmp_path / "outputs" / "nobatch" / "openai-batches").glob("*")) == []

@@ -327,6 +327,14 @@ class BatchRunner:
         except openai.APIStatusError as exc:
             if exc.status_code in (401, 403):
                 raise auth_error(self.server, exc.status_code, exc.message) from None
+            if exc.status_code in (404, 405):
+                from pipeline.redact import public_url
+
+                raise BackendError(
+                    f"the server at {public_url(self.server.base_url)} has no Batch API "
+                    f"({what} got HTTP {exc.status_code}); set backend.openai.batch to false, "
+                    "or point backend.openai.base_url at a server that has one (OpenAI's)"
+                ) from None
             raise BackendError(f"the Batch API refused {what}: {describe_error(exc)}") from None
         except Exception as exc:
             raise BackendError(f"the Batch API failed at {what}: {describe_error(exc)}") from None
@@ -350,12 +358,17 @@ class BatchRunner:
         }
         self.ledger.save(rec)
         self.records.append(rec)
-        uploaded = await self._call(
-            "the upload of a batch file",
-            self.client.files.create,
-            file=(f"prb-{local}.jsonl", data, "application/jsonl"),
-            purpose="batch",
-        )
+        try:
+            uploaded = await self._call(
+                "the upload of a batch file",
+                self.client.files.create,
+                file=(f"prb-{local}.jsonl", data, "application/jsonl"),
+                purpose="batch",
+            )
+        except BackendError:  # refused: no file, no batch, nothing to record
+            self.ledger.drop(rec)
+            self.records.remove(rec)
+            raise
         rec.update(state=UPLOADED, input_file_id=uploaded.id)
         self.ledger.save(rec)
         # not retried blindly: a create whose answer was lost may have made the batch, and a
