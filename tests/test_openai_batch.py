@@ -455,3 +455,39 @@ def test_a_server_without_a_batch_api_is_one_line_and_leaves_no_record(tmp_path)
         "at a server that has one (OpenAI's)"
     )
     assert list((tmp_path / "outputs" / "nobatch" / "openai-batches").glob("*")) == []
+
+
+def test_a_cancelled_batch_fails_its_unanswered_requests_for_the_next_run(tmp_path, reference):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with BatchesServer() as server:
+        server.hold()
+        cmd = [sys.executable, "-m", "pipeline.cli", "run", str(SAMPLE_CONFIG), "--no-progress"]
+        for a in sample_overrides(tmp_path, server, "cancelled", batch=True):
+            cmd += ["--set", a]
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            _wait(lambda: server.creates == 1 and sum(server.retrieves.values()) >= 1,
+                  "the first batch was polled", proc)  # fmt: skip
+            client = openai.OpenAI(base_url=server.base_url, api_key="test")
+            cancelled = client.batches.cancel(server.created_ids()[0])
+            client.close()
+            assert cancelled.status == "cancelling"
+            _, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode != 0 and "Traceback" not in err
+        assert err.strip().splitlines()[-1] == (
+            "error: stage 'responses': 2 examples have failed requests ({'batch cancelled': "
+            "10}); they are recorded in cache.sqlite and will be retried: run the same command "
+            "again"
+        )
+        assert server.creates == 1  # a cancelled batch is not resubmitted in the same run
+        server.release()
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        rd = RunDir(tmp_path / "outputs" / "cancelled")
+    assert stage_rows(rd) == stage_rows(reference)

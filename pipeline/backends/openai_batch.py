@@ -566,7 +566,7 @@ class BatchRunner:
         out: list[tuple[Any, ChatResult | RequestFailure]] = []
         for key in keys:
             outcome = got.get(key) or LineError(
-                f"batch {rec['batch_id']} ended {status} without answering it",
+                f"batch {status}: batch {rec['batch_id']} ended without answering it",
                 resend=status != "cancelled",
             )
             if isinstance(outcome, ChatResult):
