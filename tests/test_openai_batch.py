@@ -491,3 +491,29 @@ def test_a_cancelled_batch_fails_its_unanswered_requests_for_the_next_run(tmp_pa
         assert res.returncode == 0, res.stderr[-2000:]
         rd = RunDir(tmp_path / "outputs" / "cancelled")
     assert stage_rows(rd) == stage_rows(reference)
+
+
+def test_the_api_limit_of_50000_requests_a_file_holds_at_the_defaults(tmp_path):
+    """The split at the real limit (the tests above use a small one): 60,000 requests make
+    a file of 50,000 and one of 10,000, each line once, in order."""
+    from pipeline.backends.openai_backend import OpenAIBackend
+    from pipeline.backends.openai_batch import BatchRunner
+    from pipeline.backends.settings import BackendSection
+    from pipeline.chat import ChatRequest
+
+    cfg = BackendSection.model_validate({"openai": {"batch": True}})
+    assert cfg.openai.batch_max_requests == 50_000
+    assert cfg.openai.batch_max_bytes == 200_000_000
+    backend = OpenAIBackend.build(cfg, cache_path=tmp_path / "cache.sqlite")
+    assert backend.window == 50_000
+    runner = BatchRunner(backend, tmp_path / "openai-batches")
+    reqs = [ChatRequest(messages=(("user", f"q{i}"),), model="m") for i in range(60_000)]
+    waiters = {r.key: [(i, r)] for i, r in enumerate(reqs)}
+    files, too_big = runner._split(list(waiters), waiters)
+    assert too_big == []
+    assert [len(f) for f in files] == [50_000, 10_000]
+    assert [k for f in files for k, _ in f] == [r.key for r in reqs]
+    first = json.loads(files[0][0][1])
+    assert first == {"custom_id": reqs[0].key, "method": "POST", "url": "/v1/chat/completions",
+                     "body": reqs[0].openai_body()}  # fmt: skip
+    asyncio.run(backend.aclose())
