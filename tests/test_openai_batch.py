@@ -517,3 +517,50 @@ def test_the_api_limit_of_50000_requests_a_file_holds_at_the_defaults(tmp_path):
     assert first == {"custom_id": reqs[0].key, "method": "POST", "url": "/v1/chat/completions",
                      "body": reqs[0].openai_body()}  # fmt: skip
     asyncio.run(backend.aclose())
+
+
+def test_killed_after_a_batch_is_stored_but_before_the_cache_holds_it(tmp_path, reference):
+    """The narrowest window: the batch is final and its results are stored beside its
+    record, then the process dies (pipeline/io.py's failpoints) before the runner commits
+    them. The next run answers them from the stored file: no poll, no new batch."""
+    import re
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with BatchesServer() as server:
+
+        def cmd(name: str) -> list[str]:
+            out = [sys.executable, "-m", "pipeline.cli", "run", str(SAMPLE_CONFIG), "--no-progress"]
+            for a in sample_overrides(tmp_path, server, name, batch=True):
+                out += ["--set", a]
+            return out
+
+        # where the first batch's record says "finished": the failpoint after that write
+        log = tmp_path / "points.log"
+        res = subprocess.run(cmd("counted"), env={**env, "PRB_CRASH_LOG": str(log)},
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+        labels = [line.split("\t", 1) for line in log.read_text().splitlines()]
+        stored = next(i for i, (_, lab) in enumerate(labels) if lab.endswith(".output.jsonl"))
+        local = re.search(r"openai-batches/(.+)\.output\.jsonl", labels[stored][1]).group(1)
+        at = next(
+            int(n) for n, lab in labels[stored:] if lab == f"after openai-batches/{local}.json"
+        )
+
+        creates = server.creates
+        res = subprocess.run(cmd("crashed"), env={**env, "PRB_CRASH_AT": str(at)},
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert res.returncode == 86, res.stderr[-2000:]
+        assert server.creates == creates + 1
+        rd = RunDir(tmp_path / "outputs" / "crashed")
+        (record,) = [json.loads(p.read_text()) for p in rd.openai_batches.glob("*.json")]
+        assert record["state"] == "finished" and not record.get("delivered")
+        assert (rd.openai_batches / f"{record['local']}.output.jsonl").is_file()
+        polls = server.retrieves[record["batch_id"]]
+
+        res = subprocess.run(cmd("crashed"), env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert server.retrieves[record["batch_id"]] == polls, "the stored batch was polled"
+        resumed = server.created_ids()[creates + 1 :]
+        again = {x["custom_id"] for b in resumed for x in server.batch_lines(b)}
+    assert not again & set(record["custom_ids"]), "a stored answer was paid for again"
+    assert stage_rows(rd) == stage_rows(reference)
