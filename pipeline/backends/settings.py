@@ -232,8 +232,10 @@ class ReplaySettings(Settings):
 
 
 # Keys an older config held flat in `backend`: flat name -> (section, name in it).
+# Only the openai settings that existed then: one added since (batch...) was never flat.
+_FLAT_OPENAI = ("base_url", "api_key_env", "max_concurrency", "timeout_s", "http_transport")
 FLAT_KEYS: dict[str, tuple[str, str]] = {
-    **{k: ("openai", k) for k in OpenAISettings.model_fields},
+    **{k: ("openai", k) for k in _FLAT_OPENAI},
     "replay_cache": ("replay", "cache"),
 }
 
