@@ -564,3 +564,15 @@ def test_killed_after_a_batch_is_stored_but_before_the_cache_holds_it(tmp_path, 
         again = {x["custom_id"] for b in resumed for x in server.batch_lines(b)}
     assert not again & set(record["custom_ids"]), "a stored answer was paid for again"
     assert stage_rows(rd) == stage_rows(reference)
+
+
+def test_the_key_reaches_every_batch_call_and_no_file_of_the_run(tmp_path, monkeypatch):
+    key = "sk-test-batch-0123456789abcdef"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    with BatchesServer(authorization=f"Bearer {key}") as server:
+        rd = run_sample(tmp_path, server, "keyed", True)
+        assert server.refused == 0 and server.creates >= 2
+    assert sum(1 for _ in rd.stage("pairs").rows()) == 2
+    for p in rd.path.rglob("*"):
+        if p.is_file():
+            assert key.encode() not in p.read_bytes(), p
