@@ -298,8 +298,11 @@ class BatchRunner:
         too_big: list[str] = []
         for key in keys:
             req = waiters[key][0][1]
-            line = json.dumps(request_line(req, self.body(req)), ensure_ascii=False) + "\n"
-            data = line.encode("utf-8", "surrogatepass")
+            line = request_line(req, self.body(req))
+            try:
+                data = (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate: escaped, as the live client sends it
+                data = (json.dumps(line) + "\n").encode("ascii")
             if len(data) > s.batch_max_bytes:
                 too_big.append(key)
                 continue
