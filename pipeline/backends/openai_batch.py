@@ -181,7 +181,12 @@ class BatchRunner:
         backend: OpenAIBackend,
         folder: Path,
         body: Callable[[ChatRequest], dict[str, Any]] | None = None,
+        answer: Callable[[ChatRequest, ChatResult], ChatResult] | None = None,
     ) -> None:
+        """``body``: the chat-completions body a request is sent with (default
+        ``ChatRequest.openai_body``); ``answer``: what the backend makes of a reply before
+        the runner sees it (default: the reply as it is). The live path's own, so that a
+        server's dialect reads the same in both modes."""
         from pipeline.backends.identity import plain_url
 
         self.backend = backend
@@ -189,6 +194,7 @@ class BatchRunner:
         self.client = backend.client
         self.ledger = Ledger(folder)
         self.body = body or ChatRequest.openai_body
+        self.answer = answer or (lambda req, result: result)
         self.url = plain_url(self.server.base_url)
         self.max_attempts = backend.cfg.max_attempts
         self.records: list[dict[str, Any]] = []
@@ -556,6 +562,8 @@ class BatchRunner:
     ) -> list[tuple[Any, ChatResult | RequestFailure]]:
         """Every claimed request's outcome from a finished batch's stored files; lines to
         send again go to ``retry``."""
+        from pipeline.backends.openai_backend import UnusableReply
+
         expected = {k: waiters[k][0][1] for k in keys}
         got: dict[str, ChatResult | LineError] = {}
         for kind in ("output", "errors"):
@@ -572,6 +580,11 @@ class BatchRunner:
                 f"batch {status}: batch {rec['batch_id']} ended without answering it",
                 resend=status != "cancelled",
             )
+            if isinstance(outcome, ChatResult):
+                try:
+                    outcome = self.answer(expected[key], outcome)
+                except (ValueError, UnusableReply) as exc:  # no answer in this dialect
+                    outcome = LineError(f"batch unusable reply: {exc}", resend=True)
             if isinstance(outcome, ChatResult):
                 out += [(token, outcome) for token, _ in waiters[key]]
                 continue
