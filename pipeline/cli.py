@@ -594,10 +594,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"  cache: {total} answers, {errors} failures recorded ({rd.cache_path}, {size:.1f} MB)"
         )
-    from pipeline.backends.openai_batch import status_lines
+    if rd.openai_batches.is_dir():  # the Batch API's batches in flight (imports openai)
+        from pipeline.backends.openai_batch import status_lines
 
-    for line in status_lines(rd.openai_batches):  # the Batch API's, in flight
-        print(f"  {line}")
+        for line in status_lines(rd.openai_batches):
+            print(f"  {line}")
     return 1 if damaged else 0
 
 
