@@ -45,6 +45,18 @@ def cost_usd(prompt_tokens: float, completion_tokens: float, prices: PricesSecti
     ) / 1e6
 
 
+def run_prices(config: Config) -> PricesSection:
+    """The prices a run pays: ``run.prices``, with its batch rates when the backend sends
+    batches (``backend.openai.batch``) and they are given; a batch run without batch rates
+    is priced at the standard ones, which bound it from above."""
+    from pipeline.backends import BACKENDS
+
+    prices = config.run.prices
+    if BACKENDS.get(config.backend.name).batch_priced(config.backend):
+        return prices.batch_rates() or prices
+    return prices
+
+
 @dataclass
 class Spend:
     requests: int = 0
@@ -169,7 +181,7 @@ def make_budget(config: Config, cache: RequestCache, served_by: str) -> Budget |
         requests=b.requests,
         tokens=b.tokens,
         usd=b.usd,
-        prices=config.run.prices,
+        prices=run_prices(config),
         spent=backend_spend(cache, served_by),
     )
 

@@ -543,9 +543,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     total = errors = 0
     ledger: dict = {}
     if rd.cache_path.exists():
-        from pipeline.budget import run_ledger
+        from pipeline.budget import run_ledger, run_prices
 
-        ledger = run_ledger(rd, cfg.run.prices if cfg is not None else None)
+        ledger = run_ledger(rd, run_prices(cfg) if cfg is not None else None)
         with RequestCache(rd.cache_path, readonly=True) as cache:
             per_stage = cache.counts_by_stage()
             total = sum(v["answers"] for v in per_stage.values())
@@ -598,6 +598,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"  cache: {total} answers, {errors} failures recorded ({rd.cache_path}, {size:.1f} MB)"
         )
+    if rd.openai_batches.is_dir():  # the Batch API's batches in flight (imports openai)
+        from pipeline.backends.openai_batch import status_lines
+
+        for line in status_lines(rd.openai_batches):
+            print(f"  {line}")
     return 1 if damaged else 0
 
 

@@ -424,9 +424,9 @@ def _act(
 
 def _ledger(ctx: Context, name: str, llm: dict[str, Any] | None) -> dict[str, Any]:
     """A stage's ledger for its stats.json (pipeline/budget.py)."""
-    from pipeline.budget import stage_ledger
+    from pipeline.budget import run_prices, stage_ledger
 
-    prices = ctx.config.run.prices
+    prices = run_prices(ctx.config)  # the batch rates when the backend sends batches
     return stage_ledger(ctx.cache, name, ctx.served_by_id, prices, llm)
 
 

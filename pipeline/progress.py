@@ -67,3 +67,33 @@ class Progress:
 
     def close(self) -> None:
         self._bar.close()
+
+
+class BatchProgress:
+    """One tqdm line per batch of the Batch API while it is polled: lines answered of the
+    batch's total, and its status (validating, in_progress, finalizing...)."""
+
+    def __init__(self, batch_id: str, total: int, enabled: bool = True) -> None:
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(
+            total=total or None,
+            desc=f"[batch {batch_id}]",
+            unit="req",
+            disable=not (enabled and sys.stderr.isatty()),
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
+
+    def update(self, status: str, completed: int, failed: int, total: int) -> None:
+        """The batch's status and ``request_counts`` as the latest poll reported them."""
+        if total and self._bar.total != total:
+            self._bar.total = total
+        done = completed + failed
+        if done > self._bar.n:
+            self._bar.update(done - self._bar.n)
+        self._bar.set_postfix_str(f"{status}, {failed} failed", refresh=True)
+
+    def close(self) -> None:
+        self._bar.close()

@@ -41,13 +41,20 @@ _skip_without_ray = pytest.mark.skipif(
 )
 
 
-def _server_section(server: Any, model: str, **kw: Any) -> BackendSection:
+def _server_section(
+    server: Any, model: str, openai: dict[str, Any] | None = None, **kw: Any
+) -> BackendSection:
     return BackendSection(
         model=model,
         max_attempts=3,
         backoff_initial_s=0.01,
         backoff_max_s=0.2,
-        openai={"base_url": server.base_url, "max_concurrency": 4, "timeout_s": 10},
+        openai={
+            "base_url": server.base_url,
+            "max_concurrency": 4,
+            "timeout_s": 10,
+            **(openai or {}),
+        },
         **kw,
     )
 
@@ -117,6 +124,13 @@ def _harness(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harne
     if kind == "openai":
         server = request.getfixturevalue("server")
         return Harness(OpenAIBackend, lambda t, m: _server_section(server, m, name="openai"))
+    if kind == "openai-batch":  # the Batch API mode, against tests/provider_batches.py
+        from provider_batches import BatchesServer
+
+        server = BatchesServer().start()
+        request.addfinalizer(server.stop)
+        batch = {"batch": True, "batch_poll_s": 0.02, "batch_collect_s": 0.05}
+        return Harness(OpenAIBackend, lambda t, m: _server_section(server, m, batch, name="openai"))
     if kind == "replay":
         server = request.getfixturevalue("server")
         return Harness(
@@ -163,6 +177,7 @@ def _harness(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Harne
 # adds its line here, a backend of a test module adds one line there (test_backend_echo.py)
 KINDS = [
     "openai",
+    "openai-batch",
     "replay",
     "batchfile",
     "vllm",

@@ -37,7 +37,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     # a package: sections, yamlfile, overrides, checks, load, describe
     ("config", ["pipeline.config"]),
     ("storage and input", ["pipeline.run", "pipeline.cache", "pipeline.ingest"]),
-    ("engines", ["pipeline.backends", "pipeline.budget", "pipeline.llm"]),
+    # the batch JSONL format reads replies with the openai backend's parser; the Batch API
+    # mode (pipeline.backends.openai_batch) reads results with it
+    ("engines", ["pipeline.backends", "pipeline.budget", "pipeline.llm", "pipeline.batch.lines"]),
     ("stages", ["pipeline.stages"]),
     ("orchestration", ["pipeline.orchestrate", "pipeline.runsummary"]),
     (

@@ -229,6 +229,12 @@ class Backend(abc.ABC):
         return None, []
 
     @classmethod
+    def batch_priced(cls, cfg: BackendSection) -> bool:
+        """Whether this configuration sends its requests through a batch API, priced at
+        ``run.prices``' batch rates (the budget, `prb plan`, the ledger)."""
+        return False
+
+    @classmethod
     def stage_model(cls, cfg: BackendSection, model: str | None = None) -> str:
         """The model a stage asks for: its own (``judge.model``), else backend.model."""
         return model or cfg.model

@@ -296,6 +296,8 @@ class OpenAIBackend(Backend):
 
     @property
     def window(self) -> int:
+        if self.server.batch:  # a round of batches gathers this many (openai_batch.py)
+            return self.server.batch_window
         # enough queued behind the workers that none waits while the runner refills
         return 4 * self.server.max_concurrency
 
@@ -303,7 +305,12 @@ class OpenAIBackend(Backend):
         self, feed: RequestFeed
     ) -> AsyncIterator[tuple[Any, ChatResult | RequestFailure]]:
         """A fixed pool of ``max_concurrency`` workers, each taking the next request from
-        the feed as soon as its last one is answered."""
+        the feed as soon as its last one is answered; with ``backend.openai.batch``, files
+        through the Batch API (pipeline/backends/openai_batch.py)."""
+        if self.server.batch:
+            async for item in self._batches().stream(feed):
+                yield item
+            return
         out: asyncio.Queue[Any] = asyncio.Queue()
         finished = object()
         first = await feed.get()
@@ -353,6 +360,34 @@ class OpenAIBackend(Backend):
     async def aclose(self) -> None:
         await self.client.close()
 
+    # the run directory's folder of Batch API records (set by build from the run's cache)
+    batch_folder: Path | None = None
+
+    def _batches(self) -> Any:
+        from pipeline.backends.openai_batch import BatchRunner
+
+        if self.batch_folder is None:
+            raise BackendError(
+                "backend.openai.batch needs a run directory to record its batches in; "
+                "run it through `prb run`"
+            )
+        return BatchRunner(self, self.batch_folder)
+
+    @classmethod
+    def build(
+        cls,
+        cfg: BackendSection,
+        *,
+        cache_path: Path | None = None,
+        resolve: Resolve | None = None,
+    ) -> OpenAIBackend:
+        backend = cls(cfg)
+        if cache_path is not None:  # the batches are recorded beside the run's cache
+            from pipeline.run import RunDir
+
+            backend.batch_folder = RunDir(cache_path.parent).openai_batches
+        return backend
+
     # ---- the kind ----------------------------------------------------------------------
     @classmethod
     def preflight(
@@ -382,6 +417,10 @@ class OpenAIBackend(Backend):
     @classmethod
     def describe(cls, identity: dict[str, Any]) -> str:
         return describe_server(identity)
+
+    @classmethod
+    def batch_priced(cls, cfg: BackendSection) -> bool:
+        return cfg.openai.batch
 
     @classmethod
     def asked(cls, cfg: BackendSection) -> dict[str, Any]:

@@ -82,6 +82,18 @@ def check_consistency(cfg: Config, source: str) -> None:
             path=source,
             field=f"run.prices.{missing}_usd_per_million",
         )
+    batch = [
+        x is not None
+        for x in (prices.batch_input_usd_per_million, prices.batch_output_usd_per_million)
+    ]
+    if any(batch) and not all(batch):
+        missing = "input" if not batch[0] else "output"
+        raise ConfigError(
+            "give both run.prices.batch_input_usd_per_million and batch_output_usd_per_million "
+            "(0 for a side that is free), or neither",
+            path=source,
+            field=f"run.prices.batch_{missing}_usd_per_million",
+        )
     if cfg.run.budget.usd is not None and not all(given):
         raise ConfigError(
             "run.budget.usd needs the backend's prices: set run.prices.input_usd_per_million "

@@ -70,6 +70,34 @@ class PricesSection(_Section):
     output_usd_per_million: float | None = Field(
         None, ge=0, le=1_000_000, description="US dollars per million output tokens; none: unknown."
     )
+    # OpenAI's Batch API answers at half these rates; the budget and the plan use them when
+    # the backend sends batches (backend.openai.batch)
+    batch_input_usd_per_million: float | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="US dollars per million prompt tokens sent through a batch API; none: "
+        "unknown (a batch run is then priced at the standard rates).",
+    )
+    batch_output_usd_per_million: float | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="US dollars per million output tokens answered through a batch API; "
+        "none: unknown.",
+    )
+
+    def batch_rates(self) -> PricesSection | None:
+        """These prices with the batch rates in place of the standard ones; None when the
+        batch rates are not given."""
+        if self.batch_input_usd_per_million is None or self.batch_output_usd_per_million is None:
+            return None
+        return self.model_copy(
+            update={
+                "input_usd_per_million": self.batch_input_usd_per_million,
+                "output_usd_per_million": self.batch_output_usd_per_million,
+            }
+        )
 
 
 class RunSection(_Section):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeline.backends import BACKENDS
-from pipeline.budget import Spend, backend_spend, cost_usd, request_bound
+from pipeline.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
 from pipeline.config import Config
@@ -441,6 +441,9 @@ def _summarise(
         "prompt_tokens_bound": send.prompt_bound,
     }
     prices = ctx.config.run.prices
+    batch_prices = prices.batch_rates()
+    # what the run pays: the batch rates when the backend sends batches and they are given
+    paid = run_prices(ctx.config)
     spent = spent or Spend()
     # the run.budget under which the rest finishes: what this backend was paid so far
     # (the budget counts it) and the budget's own bound of every request still to send,
@@ -450,7 +453,7 @@ def _summarise(
     totals["budget_to_finish"] = {
         "requests": spent.requests + send.requests + math.ceil(round(reasks, 6)),
         "tokens": prompt_total + output_total,
-        "usd": cost_usd(prompt_total, output_total, prices),
+        "usd": cost_usd(prompt_total, output_total, paid),
         "spent_requests": spent.requests,
         "spent_tokens": spent.tokens,
     }
@@ -462,12 +465,27 @@ def _summarise(
         "seconds": round(out_tokens / tps, 1) if tps else None,
         "basis": "expected output" if expected_out is not None else "output bound",
     }
-    cost = {
+    cost: dict[str, Any] = {
         "input_usd_per_million": prices.input_usd_per_million,
         "output_usd_per_million": prices.output_usd_per_million,
         "usd_expected": cost_usd(prompt_all, expected_out, prices)
         if expected_out is not None
         else None,
         "usd_bound": cost_usd(send.prompt_bound, send.output_bound, prices),
+        # the same requests at run.prices' batch rates, beside the standard ones
+        "batch": None,
+        # which of the two this run pays: "batch" when the backend sends batches
+        # (backend.openai.batch) and the batch rates are given
+        "paid": "batch" if paid is not prices else "standard",
+        "batch_mode": BACKENDS.get(ctx.config.backend.name).batch_priced(ctx.config.backend),
     }
+    if batch_prices is not None:
+        cost["batch"] = {
+            "input_usd_per_million": batch_prices.input_usd_per_million,
+            "output_usd_per_million": batch_prices.output_usd_per_million,
+            "usd_expected": cost_usd(prompt_all, expected_out, batch_prices)
+            if expected_out is not None
+            else None,
+            "usd_bound": cost_usd(send.prompt_bound, send.output_bound, batch_prices),
+        }
     return totals, time_, cost

@@ -100,6 +100,13 @@ def render(plan: Plan, fresh: Plan | None = None, command: str | None = None) ->
         )
     else:
         lines.append(f"time: not estimated ({tm['source']})")
+    if plan.cost.get("batch_mode"):
+        lines.append(
+            "time: batches are answered within 24 hours (backend.openai.batch), often "
+            "sooner; the estimate above is for sending them one by one"
+        )
+    batch = c.get("batch")
+    paid_batch = c.get("paid") == "batch"
     if c["usd_bound"] is not None:
         exp = f"${c['usd_expected']:,.2f} expected, " if c["usd_expected"] is not None else ""
         lines.append(
@@ -107,8 +114,29 @@ def render(plan: Plan, fresh: Plan | None = None, command: str | None = None) ->
             "at max_tokens, also where later prompts quote it), at "
             f"${c['input_usd_per_million']:g} / ${c['output_usd_per_million']:g} per "
             "million prompt / output tokens (run.prices)"
+            + ("; not what this run pays, see batch below" if paid_batch else "")
         )
-    else:
+    if batch is not None:
+        exp = (
+            f"${batch['usd_expected']:,.2f} expected, " if batch["usd_expected"] is not None else ""
+        )
+        paid = (
+            "what this run pays (backend.openai.batch is on)"
+            if paid_batch
+            else "if sent as batches (backend.openai.batch: true)"
+        )
+        lines.append(
+            f"cost at batch rates: {exp}${batch['usd_bound']:,.2f} at most, at "
+            f"${batch['input_usd_per_million']:g} / ${batch['output_usd_per_million']:g} per "
+            f"million prompt / output tokens (run.prices.batch_*): {paid}"
+        )
+    if c["usd_bound"] is not None and batch is None and c.get("batch_mode"):
+        lines.append(
+            "cost: backend.openai.batch is on, but run.prices.batch_input_usd_per_million and "
+            "batch_output_usd_per_million are not set: the run is priced at the standard "
+            "rates above (OpenAI's batch rates are half of them)"
+        )
+    if c["usd_bound"] is None and batch is None:
         example = " ".join(f"--set {p}" for p in EXAMPLE_PRICES)
         with_prices = f"`{command} {example}`" if command else example
         lines.append(

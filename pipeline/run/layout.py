@@ -6,6 +6,7 @@
       run.yaml             the resolved config of the latest `prb run` (secrets never written)
       environment.json     machine and library versions of the latest `prb run`
       cache.sqlite         every LLM request and answer (pipeline/cache.py)
+      openai-batches/      the Batch API's batches this run submitted (backend.openai.batch)
       .lock                held by the one process that writes the run (flock)
       .prb-run             the marker: `prb run` made (or adopted, when it was empty) this folder
       <stage>/             ingest, rubrics, responses, judge, pairs
@@ -32,6 +33,9 @@ import re
 RUN_CONFIG = "run.yaml"
 ENVIRONMENT = "environment.json"
 CACHE = "cache.sqlite"
+# one record per batch submitted to the Batch API, and its downloaded results
+# (pipeline/backends/openai_batch.py): a killed run polls these again, never resubmits
+OPENAI_BATCHES = "openai-batches"
 LOCK = ".lock"
 # `prb run` writes only into a folder that is new, empty, marked by this file, or an earlier
 # run (one made before the marker existed): never into a folder of the user's.

@@ -104,6 +104,11 @@ class RunDir:
         return self.path / layout.CACHE
 
     @property
+    def openai_batches(self) -> Path:
+        """The records of the Batch API's batches (backend.openai.batch)."""
+        return self.path / layout.OPENAI_BATCHES
+
+    @property
     def config_path(self) -> Path:
         return self.path / layout.RUN_CONFIG
 
