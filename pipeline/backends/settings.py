@@ -78,6 +78,16 @@ class OpenAISettings(Settings):
         description="HTTP transport; aiohttp measured faster here "
         "(benchmarks/backend_throughput.py).",
     )
+    structured_output: Literal[
+        "auto", "json_schema", "json_schema_strict", "json_object_schema", "json_object", "none"
+    ] = Field(
+        "auto",
+        description="How JSON answers are asked for (docs/backends.md, 'Structured-output "
+        "dialects'): auto finds what the server accepts once per run; json_schema (the "
+        "schema in response_format), json_schema_strict (OpenAI's strict mode), "
+        "json_object_schema (json_object with the schema beside it: llama-cpp-python), "
+        "json_object, none (the schema stated in the prompt only).",
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -199,7 +209,8 @@ class ReplaySettings(Settings):
 
 # Keys an older config held flat in `backend`: flat name -> (section, name in it).
 FLAT_KEYS: dict[str, tuple[str, str]] = {
-    **{k: ("openai", k) for k in OpenAISettings.model_fields},
+    # structured_output came after the sections: never a flat key
+    **{k: ("openai", k) for k in OpenAISettings.model_fields if k != "structured_output"},
     "replay_cache": ("replay", "cache"),
 }
 
