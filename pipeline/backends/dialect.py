@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.chat import ChatRequest, ChatResult, Choice
+from pipeline.chat import ChatRequest, ChatResult
 from pipeline.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
@@ -163,7 +163,10 @@ class Dialect:
         """The answer as the runner validates it: where the server is not held to the
         schema, the JSON object is taken out of the text around it (prose, a code fence);
         text that holds none is left as it is, and the validator asks again."""
-        if req.json_schema is None or self.structured_output in ("json_schema", "json_schema_strict"):
+        if req.json_schema is None or self.structured_output in (
+            "json_schema",
+            "json_schema_strict",
+        ):
             return result
         for c in result.choices:
             c.text = json_in_text(c.text)
@@ -363,12 +366,38 @@ def refused_feature(status: int, message: str, param: str | None = None) -> str 
     return None
 
 
+_PYDANTIC_LOC = re.compile(r"'loc': \(([^)]*)\)")
+_PYDANTIC_MSG = re.compile(r"""'msg': (?:"([^"]*)"|'([^']*)')""")
+
+
+def short_message(message: str) -> str:
+    """A server's error in a few words: a pydantic validation error (llama-cpp-python's
+    500s) as "response_format.type: Input should be 'text' or 'json_object'"."""
+    msg = _PYDANTIC_MSG.search(message)
+    if msg is None:
+        return " ".join(message.split())
+    loc = _PYDANTIC_LOC.search(message)
+    parts = [p.strip(" '\"") for p in (loc.group(1).split(",") if loc else [])]
+    where = ".".join(p for p in parts if p and p != "body")
+    text = msg.group(1) if msg.group(1) is not None else msg.group(2)
+    return f"{where}: {text}" if where else text
+
+
+def error_text(exc: BaseException) -> str:
+    """The server's own message in an ``openai.APIStatusError`` (its ``message`` is "Error
+    code: 400 - " and the whole body)."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return body["message"]
+    return str(getattr(exc, "message", "") or exc)
+
+
 def refusal_of(exc: BaseException) -> str | None:
     """:func:`refused_feature` of an ``openai.APIStatusError`` (None for anything else)."""
     status = getattr(exc, "status_code", None)
     if not isinstance(status, int):
         return None
-    return refused_feature(status, str(getattr(exc, "message", "")), getattr(exc, "param", None))
+    return refused_feature(status, error_text(exc), getattr(exc, "param", None))
 
 
 class DialectRefused(BackendError):
@@ -384,7 +413,7 @@ def refusal_error(cfg: OpenAISettings, model: str, dialect: Dialect, exc: BaseEx
     from pipeline.redact import redact
 
     status = getattr(exc, "status_code", "?")
-    said = redact(" ".join(str(getattr(exc, "message", "")).split()))[:200]
+    said = redact(short_message(error_text(exc)))[:200]
     what = {
         "structured_output": f"structured output {dialect.structured_output}",
         "max_tokens": dialect.max_tokens,
@@ -511,7 +540,8 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
     for _ in range(PROBE_STEPS + 3):
         status, reply = _post(cfg, d.bodies(probe_request(model))[0])
         if status == 200:
-            choices = reply.get("choices") if isinstance(reply.get("choices"), list) else []
+            raw = reply.get("choices")
+            choices: list[Any] = raw if isinstance(raw, list) else []
             texts = [
                 ((c.get("message") or {}).get("content"), c.get("finish_reason"))
                 for c in choices
@@ -537,7 +567,7 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
             raise auth_error(cfg, status, str(reply.get("message") or ""))
         message = str(reply.get("message") or "")
         feature = refused_feature(status, message, reply.get("param"))
-        said = f"HTTP {status}: {redact(' '.join(message.split()))[:120]}"
+        said = f"HTTP {status}: {redact(short_message(message))[:100]}"
         if feature is None:
             transient += 1
             if (status == 0 or status == 429 or status >= 500) and transient < 3:
@@ -646,8 +676,10 @@ def resolve(
         return _fixed(cfg)
     found = probe(cfg, model, _fixed(cfg))
     _FOUND[memo] = found
-    print(f"backend.openai: the server at {_url(cfg)} (model {model}) {found.said}; sending "
-          f"{found.dialect.describe()}", file=sys.stderr, flush=True)  # fmt: skip
+    then = "recorded with the run's identity" if found.final else "sending "
+    then += "" if found.final else found.dialect.describe()
+    print(f"backend.openai: the server at {_url(cfg)} (model {model}) {found.said}; {then}",
+          file=sys.stderr, flush=True)  # fmt: skip
     return found.dialect
 
 

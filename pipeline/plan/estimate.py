@@ -117,9 +117,8 @@ def _ingest_rows(ctx: Context, action: str) -> list[dict]:
 
 def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
     """What answers this run, as the plan can know it without writing or sending."""
-    from pipeline.backends.identity import describe
-
     from pipeline.backends.dialect import without_probing
+    from pipeline.backends.identity import describe
 
     try:
         with without_probing():  # what a server takes is read from the run's record only
