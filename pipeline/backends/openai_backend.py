@@ -39,6 +39,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from pipeline.backends import dialect as dialects
 from pipeline.backends.base import Backend, RequestFeed, Resolve
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
 from pipeline.backends.settings import OpenAISettings
@@ -162,6 +163,10 @@ def parse_reply(resp: Any, req: ChatRequest) -> ChatResult:
 
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, openai.APIStatusError):
+        # llama-cpp-python refuses a response_format it does not take with a 500: a
+        # refusal of our body, which no retry changes (pipeline/backends/dialect.py)
+        if exc.status_code >= 500 and dialects.refusal_of(exc) is not None:
+            return False
         return exc.status_code in _TRANSIENT_STATUS or exc.status_code >= 500
     # APITimeoutError is an APIConnectionError; a body that is not JSON surfaces as a
     # decode or validation error and is a server glitch, not the request's fault.
@@ -236,10 +241,16 @@ class OpenAIBackend(Backend):
     settings = OpenAISettings
     libraries = ("openai",)
 
-    def __init__(self, cfg: BackendSection) -> None:
-        """``cfg`` is the config's ``backend`` section; the server is ``cfg.openai``."""
+    def __init__(self, cfg: BackendSection, cache_path: Path | None = None) -> None:
+        """``cfg`` is the config's ``backend`` section; the server is ``cfg.openai``;
+        ``cache_path`` the run's cache, where what the server takes is kept."""
         self.cfg = cfg
         self.server = s = cfg.openai
+        self.cache_path = cache_path
+        # what the server takes, per model (pipeline/backends/dialect.py): what identify()
+        # found for this run, so the bodies sent are the ones the identity records
+        self._dialects: dict[str, dialects.Dialect] = {}
+        dialects.keep(s, cache_path)
         # The key is read here and held only by the client; it is never logged or stored.
         api_key = os.environ.get(s.api_key_env) or "EMPTY"
         ep = endpoint(s)
@@ -264,15 +275,29 @@ class OpenAIBackend(Backend):
             reraise=True,
         )
 
+    def dialect(self, model: str) -> dialects.Dialect:
+        """What the server takes for ``model`` (the body, the parameters)."""
+        d = self._dialects.get(model)
+        if d is None:
+            d = self._dialects[model] = dialects.known(self.server, model, self.cache_path)
+        return d
+
     async def _once(self, req: ChatRequest) -> ChatResult:
+        # the body in the server's dialect; a server that does not serve n > 1 gets n
+        # requests of one choice each, answered one after another (one worker's slot)
+        d = self.dialect(req.model)
+        bodies = d.bodies(req)
+        if len(bodies) == 1:
+            return d.answer(req, await self._post(req, bodies[0]))
+        return d.answer(req, dialects.merge([await self._post(req, b) for b in bodies]))
+
+    async def _post(self, req: ChatRequest, body: dict[str, Any]) -> ChatResult:
         # client.post with cast_to=object: the SDK's HTTP, auth and error types, without
         # chat.completions.create's recursive transform of the body against its TypedDicts
         # (a no-op for our plain-JSON bodies, and most of the client's CPU per request with
         # a JSON schema attached: 1.56 -> 0.77 ms, measured against the stand-in server)
         # and without building pydantic models for the reply.
-        resp: Any = await self.client.post(
-            "/chat/completions", body=req.openai_body(), cast_to=object
-        )
+        resp: Any = await self.client.post("/chat/completions", body=body, cast_to=object)
         return parse_reply(resp, req)
 
     async def complete(self, req: ChatRequest) -> ChatResult | RequestFailure:
@@ -289,6 +314,12 @@ class OpenAIBackend(Backend):
         except openai.APIStatusError as exc:
             if exc.status_code == 401 or (exc.status_code == 403 and not self._answered):
                 raise auth_error(self.server, exc.status_code, exc.message) from None
+            refused = dialects.refusal_of(exc)
+            if refused is not None:  # every other request would be refused the same way
+                raise dialects.refusal_error(
+                    self.server, req.model, self.dialect(req.model), exc, refused,
+                    self.cache_path,
+                ) from None  # fmt: skip
             return RequestFailure(describe_error(exc), attempts, transient=is_transient(exc))
         except Exception as exc:
             return RequestFailure(describe_error(exc), attempts, transient=is_transient(exc))
@@ -381,7 +412,7 @@ class OpenAIBackend(Backend):
         cache_path: Path | None = None,
         resolve: Resolve | None = None,
     ) -> OpenAIBackend:
-        backend = cls(cfg)
+        backend = cls(cfg, cache_path=cache_path)
         if cache_path is not None:  # the batches are recorded beside the run's cache
             from pipeline.run import RunDir
 
@@ -412,7 +443,10 @@ class OpenAIBackend(Backend):
         resolve: Resolve | None = None,
         cache_path: Path | None = None,
     ) -> dict[str, Any]:
-        return server_identity(cfg.openai, models, cls.name)
+        # what the server takes joins the identity only where it differs from the body
+        # every server took before (pipeline/backends/dialect.py)
+        identity = server_identity(cfg.openai, models, cls.name)
+        return dialects.identify(identity, cfg.openai, models, cache_path)
 
     @classmethod
     def describe(cls, identity: dict[str, Any]) -> str:
@@ -455,7 +489,12 @@ def describe_server(identity: dict[str, Any]) -> str:
     shown = ", ".join(
         f"{name} (reported as {(m or {}).get('id') or 'nothing'})" for name, m in models.items()
     )
-    return f"the server at {identity.get('url')}: {shown or 'no model reported'}"
+    text = f"the server at {identity.get('url')}: {shown or 'no model reported'}"
+    for name, record in sorted((identity.get("dialect") or {}).items()):
+        d = dialects.Dialect.from_record(record)
+        if d is not None:
+            text += f"; {name}: {d.describe()}"
+    return text
 
 
 def check_reachable(cfg: OpenAISettings) -> None:

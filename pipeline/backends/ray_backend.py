@@ -572,6 +572,14 @@ class RayBackend(Backend):
         if cfg.ray.engine == "http":
             from pipeline.backends.openai_backend import check_reachable
 
+            # the http engine sends the json_schema body as it is (no dialects)
+            if cfg.openai.structured_output not in ("auto", "json_schema"):
+                raise BackendError(
+                    "backend.openai.structured_output is "
+                    f"{cfg.openai.structured_output}, but the ray backend's http engine "
+                    "sends json_schema only; use backend.name openai for another dialect, "
+                    "or leave it at auto"
+                )
             check_reachable(cfg.openai)
         return None
 

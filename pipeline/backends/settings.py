@@ -112,6 +112,16 @@ class OpenAISettings(Settings):
         description="Seconds the request queue must stay unchanged before a round of batches "
         "is submitted (the stage is still queueing requests until then).",
     )
+    structured_output: Literal[
+        "auto", "json_schema", "json_schema_strict", "json_object_schema", "json_object", "none"
+    ] = Field(
+        "auto",
+        description="How JSON answers are asked for (docs/backends.md, 'Structured-output "
+        "dialects'): auto finds what the server accepts once per run; json_schema (the "
+        "schema in response_format), json_schema_strict (OpenAI's strict mode), "
+        "json_object_schema (json_object with the schema beside it: llama-cpp-python), "
+        "json_object, none (the schema stated in the prompt only).",
+    )
 
     @field_validator("base_url")
     @classmethod

@@ -177,10 +177,12 @@ class _IngestRows:
 
 def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
     """What answers this run, as the plan can know it without writing or sending."""
+    from pipeline.backends.dialect import without_probing
     from pipeline.backends.identity import describe
 
     try:
-        ident = ctx.served_by
+        with without_probing():  # what a server takes is read from the run's record only
+            ident = ctx.served_by
     except BackendError as exc:
         note = f"the backend's identity is unknown ({exc})"
         if has_cache:
