@@ -129,14 +129,16 @@ class LimitedServer(StandinServer):
         self.most_in_flight = 0
         self._limit_lock = threading.Lock()
 
-    def _admit(self, body: dict[str, Any]) -> tuple[bool, dict[str, str]]:
-        """Charge ``body`` to the limits, or refuse it; the headers to answer with."""
+    def _admit(self, body: dict[str, Any]) -> tuple[str | None, dict[str, str]]:
+        """Charge ``body`` to the limits, or refuse it (the limits it is short of); the
+        headers to answer with."""
         cost = {"requests": 1.0, "tokens": float(token_charge(body))}
         with self._limit_lock:
             now = self.clock()
             for bucket in self.limits.values():
                 bucket.refill(now)
-            wait = max((b.short(cost[n]) for n, b in self.limits.items()), default=0.0)
+            short = {n: b.short(cost[n]) for n, b in self.limits.items()}
+            wait = max(short.values(), default=0.0)
             if wait <= 0:
                 for name, bucket in self.limits.items():
                     bucket.level -= cost[name]
@@ -150,7 +152,7 @@ class LimitedServer(StandinServer):
         if wait > 0:
             headers["retry-after-ms"] = str(max(1, math.ceil(wait * 1000)))
             headers["Retry-After"] = str(max(1, math.ceil(wait)))
-        return wait <= 0, headers
+        return " and ".join(n for n, w in short.items() if w > 0) or None, headers
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.in_flight += 1  # the server's loop is one thread: no lock needed
@@ -162,13 +164,14 @@ class LimitedServer(StandinServer):
                 body = None
             if not isinstance(body, dict):
                 return await super()._chat(request)  # its 400
-            admitted, headers = self._admit(body)
-            if not admitted:
+            refused, headers = self._admit(body)
+            if refused:
                 record = {"body": body, "status": 429, "fault": "rate_limit",
                           "time": time.time(), "query": dict(request.query)}  # fmt: skip
                 with self._lock:
                     self._records.append(record)
-                what = " or ".join(self.limits)
+                per = {"requests": "requests per minute", "tokens": "tokens per minute"}
+                what = " and ".join(per[n] for n in refused.split(" and "))
                 return _error(429, f"Rate limit reached for {what} (loopback limit).", headers)
             response = await super()._chat(request)
             response.headers.update(headers)
@@ -177,7 +180,8 @@ class LimitedServer(StandinServer):
             self.in_flight -= 1
 
     def stats(self) -> dict[str, Any]:
-        """Counters for a benchmark: statuses, arrival times of the answered, most in flight."""
+        """Counters for a benchmark: statuses, arrival times (and token charges) of the answered
+        and the refused, most in flight."""
         records = self.requests
         statuses: dict[str, int] = {}
         for r in records:
@@ -186,6 +190,8 @@ class LimitedServer(StandinServer):
             "requests": len(records),
             "statuses": statuses,
             "answered_at": [r["time"] for r in records if r["status"] == 200],
+            "answered_tokens": [token_charge(r["body"]) for r in records if r["status"] == 200],
+            "refused_at": [r["time"] for r in records if r["status"] == 429],
             "first_at": min((r["time"] for r in records), default=None),
             "most_in_flight": self.most_in_flight,
             "limits": {n: {"limit": b.limit, "per_s": b.rate} for n, b in self.limits.items()},
@@ -202,6 +208,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rpm", type=int, default=None, help="requests per minute")
     ap.add_argument("--tpm", type=int, default=None, help="tokens per minute")
     ap.add_argument("--minute-s", type=float, default=60.0, help="seconds a minute lasts")
+    ap.add_argument(
+        "--no-count-rejected",
+        dest="count_rejected",
+        action="store_false",
+        help="a 429 does not count against the request limit",
+    )
     ap.add_argument("--latency-ms", type=float, default=0.0, help="median per-request latency")
     ap.add_argument("--latency-sigma", type=float, default=0.0, help="log-normal spread")
     ap.add_argument("--latency-seed", type=int, default=0)

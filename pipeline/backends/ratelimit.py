@@ -39,9 +39,10 @@ from email.utils import parsedate_to_datetime
 
 # What OpenAI's limits are per when a server reports a limit and no reset time (RPM, TPM).
 DEFAULT_WINDOW_S = 60.0
-# The share of a limit kept unspent: requests sent close together may reach the server in
-# another order than they were sent, so its count can lag the copy's by a request or two.
-# Once the bucket is down to it sends go at the refill rate, so it costs only the start.
+# What a bucket keeps unspent: 2% of the limit, and at least the request's own cost again.
+# Requests sent close together may reach the server in another order than they were sent,
+# so its count can lag the copy's by a request or two. Once the bucket is down to the
+# reserve, sends go at the refill rate: it costs only the start of a run.
 RESERVE = 0.02
 # The longest single sleep before the wait is worked out again: an answer arriving
 # meanwhile may show that the bucket holds more than the copy thought.
@@ -113,7 +114,7 @@ class Bucket:
     def wait(self, cost: float, now: float) -> float:
         """Seconds until ``cost`` fits with the reserve left over (a cost above the limit
         waits for a full bucket)."""
-        need = min(cost + RESERVE * self.limit, self.limit) - self.left(now)
+        need = min(cost + max(RESERVE * self.limit, cost), self.limit) - self.left(now)
         if need <= 0:
             return 0.0
         return need / self.rate if self.rate > 0 else _MAX_NAP_S
@@ -207,7 +208,8 @@ class RateLimiter:
                 if wait <= 0:
                     break
                 waited = True
-                await self.sleep(min(wait, _MAX_NAP_S))
+                # at least a millisecond: a float's last bit must not spin the loop
+                await self.sleep(min(max(wait, 0.001), _MAX_NAP_S))
             ticket = self._issue(tokens, now)
         if waited:
             self.stats.throttled += 1
