@@ -1,7 +1,11 @@
 """Any OpenAI-compatible chat server (vLLM's `vllm serve`, hosted APIs, the test stand-in).
 
 A fixed pool of ``max_concurrency`` workers pulls requests from a queue, so the number
-in flight is bounded without creating a task per request. Transient errors (429, 5xx,
+in flight is bounded without creating a task per request. Each attempt first takes a
+permit from a rate limiter (pipeline/backends/ratelimit.py) fed by every response's
+``x-ratelimit-*`` headers and 429s, so against a hosted API's limit fewer requests are
+in flight and sends are paced; a server that sends no such headers never waits for one
+(``backend.openai.follow_rate_limits``). Transient errors (429, 5xx,
 timeouts, dropped connections, unreadable bodies) are retried with tenacity: exponential
 backoff with full jitter, Retry-After honoured on 429, a cap on attempts. Other 4xx
 errors are the request's fault and are never retried. The client's own retries are
@@ -24,8 +28,8 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -42,6 +46,7 @@ from tenacity import (
 from pipeline.backends import dialect as dialects
 from pipeline.backends.base import Backend, RequestFeed, Resolve
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
+from pipeline.backends.ratelimit import RateLimiter, Ticket, estimate_tokens, retry_after
 from pipeline.backends.settings import OpenAISettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
@@ -50,6 +55,10 @@ if TYPE_CHECKING:
     from pipeline.backends.settings import BackendSection
 
 _TRANSIENT_STATUS = {408, 409, 425, 429}
+
+# The permit of the attempt a task is sending, for the response hook that reads the
+# rate-limit headers (the hook runs in the task that sent the request).
+_TICKET: ContextVar[Ticket | None] = ContextVar("prb_rate_limit_ticket", default=None)
 
 
 # A JSON body can escape a lone UTF-16 surrogate, which is not Unicode: it could not be
@@ -186,27 +195,7 @@ def retry_after_seconds(exc: BaseException) -> float | None:
     response = getattr(exc, "response", None)
     if response is None:
         return None
-    headers = response.headers
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try:
-            return float(ms) / 1000.0
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        import datetime as _dt
-
-        when = parsedate_to_datetime(value)
-        return max(0.0, (when - _dt.datetime.now(when.tzinfo)).total_seconds())
-    except (TypeError, ValueError):
-        return None
+    return retry_after(response.headers)
 
 
 class _Wait:
@@ -254,9 +243,18 @@ class OpenAIBackend(Backend):
         # The key is read here and held only by the client; it is never logged or stored.
         api_key = os.environ.get(s.api_key_env) or "EMPTY"
         ep = endpoint(s)
+        # what the server says of its rate limit steers how many attempts are in flight
+        # (pipeline/backends/ratelimit.py); off, the pool is a fixed max_concurrency
+        self.limits: RateLimiter | None = None
+        hooks: dict[str, Any] = {}
+        if s.follow_rate_limits:
+            self.limits = RateLimiter(s.max_concurrency, max_pause_s=cfg.backoff_max_s)
+            hooks = {"event_hooks": {"response": [self._observe]}}
         http_client = None
         if s.http_transport == "aiohttp":
-            http_client = openai.DefaultAioHttpClient(timeout=s.timeout_s)
+            http_client = openai.DefaultAioHttpClient(timeout=s.timeout_s, **hooks)
+        elif hooks:
+            http_client = openai.DefaultAsyncHttpxClient(timeout=s.timeout_s, **hooks)
         self.client = openai.AsyncOpenAI(
             base_url=ep.base,
             api_key=api_key,
@@ -300,6 +298,28 @@ class OpenAIBackend(Backend):
         resp: Any = await self.client.post("/chat/completions", body=body, cast_to=object)
         return parse_reply(resp, req)
 
+    async def _observe(self, response: Any) -> None:
+        """Every HTTP response (an httpx event hook): its rate-limit headers and 429s."""
+        if self.limits is not None:
+            self.limits.observe(_TICKET.get(), response.status_code, response.headers)
+
+    async def _attempt(self, req: ChatRequest) -> ChatResult:
+        """One attempt, sent when the rate limiter gives it a permit."""
+        limits = self.limits
+        if limits is None:
+            return await self._once(req)
+        chars = sum(len(text) for _, text in req.messages)
+        ticket = await limits.acquire(estimate_tokens(chars, req.max_tokens, req.n))
+        context = _TICKET.set(ticket)
+        answered = False
+        try:
+            result = await self._once(req)
+            answered = True
+            return result
+        finally:
+            _TICKET.reset(context)
+            limits.release(ticket, answered)
+
     async def complete(self, req: ChatRequest) -> ChatResult | RequestFailure:
         """One request with its retries; raises BackendError when the server refuses the
         credentials (nothing else will get through either)."""
@@ -308,7 +328,7 @@ class OpenAIBackend(Backend):
             async for attempt in AsyncRetrying(**self._retrying):
                 with attempt:
                     attempts += 1
-                    result = await self._once(req)
+                    result = await self._attempt(req)
                     self._answered = True
                     return result
         except openai.APIStatusError as exc:

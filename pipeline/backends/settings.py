@@ -123,6 +123,14 @@ class OpenAISettings(Settings):
         "json_object, none (the schema stated in the prompt only).",
     )
 
+    follow_rate_limits: bool = Field(
+        True,
+        description="Follow the server's rate limit: send requests no faster than its "
+        "x-ratelimit headers allow and halve the requests in flight on a 429, growing back "
+        "to max_concurrency (docs/backends.md); a server without such headers runs as if "
+        "off. false: always max_concurrency in flight, a 429 only retried.",
+    )
+
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, v: str) -> str:
