@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sqlite3
 import urllib.error
 import urllib.request
@@ -207,8 +208,18 @@ def _dir(p: Path) -> Path:
     return p
 
 
-def test_export_writes_what_plan_counts_and_contacts_no_server(tmp_path, server, capsys):
+def test_export_writes_what_plan_counts_and_contacts_no_server(
+    tmp_path, server, capsys, monkeypatch
+):
     cfg = write_config(tmp_path, server, backend={"name": "batchfile"}, **GENERATED)
+    contacted: list[Any] = []
+
+    def no_network(sock: socket.socket, address: Any) -> None:
+        contacted.append(address)  # not /models, not a chat request: nothing at all
+        raise OSError("this test allows no connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket.socket, "connect_ex", no_network)
     assert main(["plan", str(cfg), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     first = next(s for s in plan["stages"] if s["to_send"]["requests"])
@@ -227,6 +238,7 @@ def test_export_writes_what_plan_counts_and_contacts_no_server(tmp_path, server,
     # a second export of the same run writes the same requests again (nothing answered)
     rc, _ = export(cfg, tmp_path / "again.jsonl", capsys)
     assert (tmp_path / "again.jsonl").read_text().splitlines() == lines
+    assert contacted == []
 
 
 def _answer_line(custom_id: str, content: str, model: str = "standin-model", **kw: Any) -> str:
