@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import socket
 import sqlite3
 import urllib.error
@@ -233,7 +234,13 @@ def test_export_writes_what_plan_counts_and_contacts_no_server(
     assert main(["run", str(cfg), "--no-progress"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: stage 'rubrics': 12 of 12 requests have no answer yet")
-    assert "prb batch export CONFIG" in err and "Traceback" not in err
+    assert "Traceback" not in err
+    # the export it suggests is the command to type: this run's config and --set options
+    (suggested,) = [c for c in re.findall(r"`([^`]+)`", err) if c.startswith("prb batch export")]
+    assert suggested == f"prb batch export {cfg}"
+    assert main([*shlex.split(suggested)[1:], "--no-progress"]) == 0
+    (written,) = RunDir(tmp_path / "outputs/t").batch_dir.glob("requests-rubrics-*.jsonl")
+    assert written.read_text().splitlines() == lines
     assert server.request_count == 0
     # a second export of the same run writes the same requests again (nothing answered)
     rc, _ = export(cfg, tmp_path / "again.jsonl", capsys)
