@@ -58,10 +58,15 @@ class Unanswered(BackendError):
     stage could finish is kept; the stage is left unfinished. ``hint``: what to do next."""
 
     def __init__(self, stage: str, count: int, total: int, hint: str) -> None:
-        self.stage, self.count = stage, count
-        super().__init__(
-            f"stage '{stage}': {count} of {total} requests have no answer yet; {hint}"
-        )
+        self.stage, self.count, self.total, self.hint = stage, count, total, hint
+        super().__init__(f"stage '{stage}': {count} of {total} requests have no answer yet; {hint}")
+
+    def suggesting(self, command: str) -> Unanswered:
+        """The same, its hint's ``prb batch export CONFIG`` made the command to type:
+        ``command`` (``prb run`` with the config and --set options) as an export."""
+        export = command.replace("prb run", "prb batch export", 1)
+        hint = self.hint.replace("prb batch export CONFIG", export)
+        return Unanswered(self.stage, self.count, self.total, hint)
 
 
 class BudgetReached(PipelineError):

@@ -24,7 +24,7 @@ from importlib import metadata
 from typing import Any
 
 from pipeline.config import Config
-from pipeline.errors import BudgetReached, ConfigError, StageError
+from pipeline.errors import BudgetReached, ConfigError, StageError, Unanswered
 from pipeline.ids import content_hash
 from pipeline.io import remove_strays
 from pipeline.run import RunDir, RunLock, StageDir
@@ -354,7 +354,10 @@ def run_pipeline(
             env["served_by_stages"] = llm_stages
         rd.write_environment(env)
         for p in plans:
-            stats = _act(ctx, p, env, echo)
+            try:
+                stats = _act(ctx, p, env, echo)
+            except Unanswered as exc:  # its suggestion names this run's config and --set
+                raise exc.suggesting(command) from None
             if stats is not None:
                 results[p.name] = stats
     finally:

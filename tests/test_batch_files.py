@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import socket
 import sqlite3
 import urllib.error
 import urllib.request
@@ -207,8 +209,18 @@ def _dir(p: Path) -> Path:
     return p
 
 
-def test_export_writes_what_plan_counts_and_contacts_no_server(tmp_path, server, capsys):
+def test_export_writes_what_plan_counts_and_contacts_no_server(
+    tmp_path, server, capsys, monkeypatch
+):
     cfg = write_config(tmp_path, server, backend={"name": "batchfile"}, **GENERATED)
+    contacted: list[Any] = []
+
+    def no_network(sock: socket.socket, address: Any) -> None:
+        contacted.append(address)  # not /models, not a chat request: nothing at all
+        raise OSError("this test allows no connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket.socket, "connect_ex", no_network)
     assert main(["plan", str(cfg), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     first = next(s for s in plan["stages"] if s["to_send"]["requests"])
@@ -222,11 +234,18 @@ def test_export_writes_what_plan_counts_and_contacts_no_server(tmp_path, server,
     assert main(["run", str(cfg), "--no-progress"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: stage 'rubrics': 12 of 12 requests have no answer yet")
-    assert "prb batch export CONFIG" in err and "Traceback" not in err
+    assert "Traceback" not in err
+    # the export it suggests is the command to type: this run's config and --set options
+    (suggested,) = [c for c in re.findall(r"`([^`]+)`", err) if c.startswith("prb batch export")]
+    assert suggested == f"prb batch export {cfg}"
+    assert main([*shlex.split(suggested)[1:], "--no-progress"]) == 0
+    (written,) = RunDir(tmp_path / "outputs/t").batch_dir.glob("requests-rubrics-*.jsonl")
+    assert written.read_text().splitlines() == lines
     assert server.request_count == 0
     # a second export of the same run writes the same requests again (nothing answered)
     rc, _ = export(cfg, tmp_path / "again.jsonl", capsys)
     assert (tmp_path / "again.jsonl").read_text().splitlines() == lines
+    assert contacted == []
 
 
 def _answer_line(custom_id: str, content: str, model: str = "standin-model", **kw: Any) -> str:

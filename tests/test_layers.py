@@ -36,17 +36,19 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     # a package: sections, yamlfile, overrides, checks, load, describe
     ("config", ["pipeline.config"]),
-    ("storage and input", ["pipeline.run", "pipeline.cache", "pipeline.ingest"]),
-    # the batch JSONL format reads replies with the openai backend's parser; the Batch API
-    # mode (pipeline.backends.openai_batch) reads results with it
-    ("engines", ["pipeline.backends", "pipeline.budget", "pipeline.llm", "pipeline.batch.lines"]),
+    ("storage and input", ["pipeline.run", "pipeline.cache", "pipeline.ingest",
+                           "pipeline.batch.store"]),
+    # batch files: the line format (read with the openai backend's reply parser) and the
+    # batchfile backend; its commands (files, cli) are commands
+    ("engines", ["pipeline.backends", "pipeline.budget", "pipeline.llm", "pipeline.batch.lines",
+                 "pipeline.batch.backend"]),
     ("stages", ["pipeline.stages"]),
     ("orchestration", ["pipeline.orchestrate", "pipeline.runsummary"]),
     (
         "commands",
         ["pipeline.publish", "pipeline.annotate", "pipeline.audit", "pipeline.eval",
          "pipeline.release.recorded",
-         "pipeline.quickstart",
+         "pipeline.quickstart", "pipeline.batch.files", "pipeline.batch.cli",
          # a package: counters, placeholders, estimate, throughput, result, render
          "pipeline.plan"],
     ),
