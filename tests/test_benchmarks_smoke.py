@@ -64,6 +64,11 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "generation": lambda r: (
         r["workload"]["requests"] == 16 and r["summary"]["stage_requests_per_s"] > 0
     ),
+    "hosted_limits": lambda r: (
+        set(r["runs"]) == {"rpm", "tpm"}
+        and all(v["follow"]["client"]["answered"] > 0 for v in r["runs"].values())
+        and all(v["fixed"]["http_requests"] > 0 for v in r["runs"].values())
+    ),
     "local_model": lambda r: r["compare"]["summary"] != {},
     "plan": lambda r: (
         set(r["settings"]) == {"standin", "no_server", "after_pilot"}

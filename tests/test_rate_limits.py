@@ -10,7 +10,10 @@ in flight at once.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
@@ -51,8 +54,11 @@ def limiter(max_concurrency: int = 8, **kw: Any) -> tuple[RateLimiter, Clock]:
     return RateLimiter(max_concurrency, clock=clock, sleep=clock.sleep, **kw), clock
 
 
+Spec = tuple[int, int, str]
+
+
 def headers(
-    requests: tuple[int, int, str] | None = None, tokens: tuple[int, int, str] | None = None, **extra: str
+    requests: Spec | None = None, tokens: Spec | None = None, **extra: str
 ) -> dict[str, str]:
     """x-ratelimit headers from (limit, remaining, reset) per limit, as OpenAI sends them."""
     out: dict[str, str] = dict(extra)
@@ -114,7 +120,7 @@ def test_the_request_headers_pace_sends_at_the_refill_rate() -> None:
     # second
     assert RESERVE * 10 < 1
     assert elapsed == pytest.approx((10 + 1) / 10, rel=0.05)
-    gaps = [b.sent - a.sent for a, b in zip(later, later[1:], strict=False)]
+    gaps = [b.sent - a.sent for a, b in itertools.pairwise(later)]
     assert all(g == pytest.approx(0.1, rel=0.05) for g in gaps)
     assert lim.stats.throttled == 10 and lim.window == 64
 
@@ -167,6 +173,24 @@ def test_tokens_bind_when_the_estimate_exceeds_what_is_left() -> None:
     # a request larger than the whole limit waits for a full bucket, never for ever
     take(lim, 1, tokens=50_000)
     assert clock.now - start < 15
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [{"x-ratelimit-limit-requests": "many", "x-ratelimit-remaining-requests": "5"},
+     {"x-ratelimit-limit-requests": "nan", "x-ratelimit-remaining-requests": "inf"},
+     {"x-ratelimit-limit-requests": "0", "x-ratelimit-remaining-requests": "0"},
+     {"x-ratelimit-limit-tokens": "100", "x-ratelimit-remaining-tokens": "-3",
+      "x-ratelimit-reset-tokens": "later"},
+     {"retry-after": "Wed, 99 Foo 2026", "retry-after-ms": "soon"}],
+)  # fmt: skip
+def test_headers_that_say_nothing_usable_change_nothing(odd: dict[str, str]) -> None:
+    lim, clock = limiter(8)
+    (t,) = take(lim, 1)
+    lim.observe(t, 200, odd)
+    assert lim.requests is None and lim.tokens is None and lim.pause_until == 0
+    take(lim, 7)
+    assert clock.slept == []
 
 
 def test_a_429_burst_with_headers_pauses_every_send_for_retry_after() -> None:
@@ -241,9 +265,7 @@ def test_the_window_bounds_the_requests_in_flight() -> None:
 
 
 def post(server: StandinServer, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
-    import urllib.error
-
-    data = __import__("json").dumps(body).encode()
+    data = json.dumps(body).encode()
     req = urllib.request.Request(
         f"{server.base_url}/chat/completions", data, {"Content-Type": "application/json"}
     )
@@ -415,8 +437,9 @@ def test_following_the_limit_can_be_turned_off() -> None:
 
 
 def test_timing_under_the_limit_matches_the_limit_not_max_concurrency() -> None:
-    """Against 20 requests a second and a 100 ms server, about 2 are in flight once the
-    first bucket is spent: the pool follows the rate, it does not sit at max_concurrency."""
+    """20 requests a second (a full bucket of 20 to start with) and a 100 ms server: the
+    limit sets the pace, not max_concurrency, and the sends wait for it instead of being
+    refused."""
     with LimitedServer(rpm=20, minute_s=1.0, latency_ms=100) as server:
         t0 = time.monotonic()
         results, backend = run_backend(cfg_for(server, max_concurrency=16), requests(80))

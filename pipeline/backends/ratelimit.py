@@ -284,8 +284,10 @@ class RateLimiter:
             self.pause_until = max(self.pause_until, now + min(hinted, self.max_pause_s))
         # with the headers the buckets pace the sends and the pause covers a miss; halving
         # the window too would starve a slow server of the requests in flight it needs
-        if self.stats.headers_seen or (headers.get("x-ratelimit-limit-requests") is not None) or (
-            headers.get("x-ratelimit-limit-tokens") is not None
+        if (
+            self.stats.headers_seen
+            or (headers.get("x-ratelimit-limit-requests") is not None)
+            or (headers.get("x-ratelimit-limit-tokens") is not None)
         ):
             return
         if ticket is None or ticket.seq > self._cut_after:

@@ -125,10 +125,11 @@ class OpenAISettings(Settings):
 
     follow_rate_limits: bool = Field(
         True,
-        description="Follow the server's rate limit: send requests no faster than its "
-        "x-ratelimit headers allow and halve the requests in flight on a 429, growing back "
-        "to max_concurrency (docs/backends.md); a server without such headers runs as if "
-        "off. false: always max_concurrency in flight, a 429 only retried.",
+        description="openai backend: send no faster than the server's x-ratelimit headers "
+        "allow, pause on a 429 for its Retry-After, and halve the requests in flight on a 429 "
+        "from a server without such headers, never above max_concurrency (docs/backends.md); "
+        "a server with no headers and no 429s gets max_concurrency throughout. false: always "
+        "max_concurrency in flight, a 429 only retried.",
     )
 
     @field_validator("base_url")
