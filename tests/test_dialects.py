@@ -11,6 +11,7 @@ import json
 import os
 import random
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -240,6 +241,20 @@ def test_a_server_that_takes_todays_body_keeps_its_identity_and_is_asked_once(tm
         run_pipeline(_sample(tmp_path, srv), progress=False, echo=lambda _m: None)
         assert srv.request_count == sent  # recorded in the run's cache: not asked again
 
+        # a run made before dialects existed (its cache holds no record): asked once more,
+        # nothing re-done, and recorded from then on
+        with sqlite3.connect(tmp_path / "sample" / "cache.sqlite") as db:
+            assert db.execute("DELETE FROM derived WHERE kind = 'dialect'").rowcount == 1
+        dialects._FOUND.clear()  # what a new process knows: nothing
+        said: list[str] = []
+        run_pipeline(_sample(tmp_path, srv), progress=False, echo=said.append)
+        stages = [line for line in said if line.startswith("[")]
+        assert stages and all(line.endswith("done, nothing to do") for line in stages), said
+        assert srv.request_count == sent + 1
+        dialects._FOUND.clear()
+        run_pipeline(_sample(tmp_path, srv), progress=False, echo=lambda _m: None)
+        assert srv.request_count == sent + 1
+
 
 def test_the_stand_in_is_never_asked_and_an_explicit_dialect_joins_its_identity(tmp_path):
     with StandinServer() as srv:
@@ -369,3 +384,33 @@ def test_the_sample_config_runs_against_llama_cpp_pythons_own_server(tmp_path, c
     with capsys.disabled():
         print(f"\nllama_cpp.server SmolLM2-135M: {seconds:.0f} s, funnel {json.dumps(funnel)}, "
               f"judge {stats['judge']['llm']}")  # fmt: skip
+
+
+def test_plan_never_asks_and_reads_what_the_run_found(tmp_path, capsys):
+    sample = str(ROOT / "configs" / "sample.yaml")
+    with ProviderServer("json_object", model=MODEL) as srv:
+        sets = [f"backend.openai.base_url={srv.base_url}", f"run.output_dir={tmp_path}",
+                "input.limit=1", "backend.openai.max_concurrency=8"]  # fmt: skip
+        args = [a for s in sets for a in ("--set", s)]
+        assert main(["plan", sample, *args]) == 0
+        assert srv.request_count == 0  # a plan sends nothing, the probe included
+        before = capsys.readouterr().out
+        run_pipeline(load_config(sample, sets), progress=False, echo=lambda _m: None)
+        sent = srv.request_count
+        capsys.readouterr()
+        assert main(["plan", sample, *args]) == 0
+        assert srv.request_count == sent
+        after = capsys.readouterr().out
+    assert "structured output json_object" not in before
+    assert f"{MODEL}: structured output json_object" in after, after
+
+
+def test_the_ray_http_engine_refuses_a_dialect_it_cannot_send():
+    pytest.importorskip("ray")
+    from pipeline.backends.ray_backend import RayBackend
+    from pipeline.backends.settings import BackendSection
+    from pipeline.errors import BackendError
+
+    cfg = BackendSection(name="ray", openai={"structured_output": "json_object"})
+    with pytest.raises(BackendError, match="sends json_schema only"):
+        RayBackend.preflight(cfg)

@@ -676,6 +676,8 @@ def resolve(
         return _fixed(cfg)
     found = probe(cfg, model, _fixed(cfg))
     _FOUND[memo] = found
+    if cache_path is not None and Path(cache_path).is_file():
+        keep(cfg, cache_path)  # a run begun before: kept now (a done run builds no backend)
     then = "recorded with the run's identity" if found.final else "sending "
     then += "" if found.final else found.dialect.describe()
     print(f"backend.openai: the server at {_url(cfg)} (model {model}) {found.said}; {then}",
@@ -708,9 +710,13 @@ def keep(cfg: OpenAISettings, cache_path: Path | None) -> None:
     if not items:
         return
     from pipeline.cache import RequestCache
+    from pipeline.errors import CacheError
 
-    with RequestCache(cache_path) as cache:
-        cache.put_derived_many(items)
+    try:
+        with RequestCache(cache_path) as cache:
+            cache.put_derived_many(items)
+    except (CacheError, OSError):
+        return  # only a record to save asking again: the next run asks
     for (path, url, _model, _setting), found in list(_FOUND.items()):
         if path == str(cache_path) and url == _url(cfg) and found.final:
             found.kept = True
