@@ -98,3 +98,39 @@ def test_a_stage_past_its_budget_is_recorded_as_timed_out(tmp_path):
     assert size["stages"]["ingest"]["timed_out"] is True
     assert "cached_rerun" not in size
     assert d["targets"]["ratio_vs_bare"] == {"min": 0.9, "values": {}, "met": None}
+
+
+def test_replicated_pairs_publish_as_that_many_distinct_rows(tmp_path):
+    """--replicate RUN --pairs-only: the run's kept pairs copied under new ids, the source
+    run left as it was; the copy publishes as that many distinct rows."""
+    import hashlib
+
+    from conftest import write_config
+    from standin_server import StandinServer
+    from test_judge_pairs import responder
+
+    from pipeline.config import load_config
+    from pipeline.orchestrate import run_pipeline
+    from pipeline.publish import publish
+    from pipeline.run import RunDir
+
+    with StandinServer(responder=responder) as s:
+        run_pipeline(load_config(write_config(tmp_path, s)), progress=False, echo=lambda m: 0)
+    src = tmp_path / "outputs" / "t"
+
+    def digest() -> str:
+        files = sorted(p for p in src.rglob("*") if p.is_file() and "cache.sqlite" not in p.name)
+        return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+
+    before = digest()
+    kept = len(list(RunDir(src).pair_records()))
+    scale = _load_scale()
+    dst = tmp_path / "copy" / "t"
+    assert scale.replicate_pairs(src, dst, 3) == {"pairs": 3 * kept}
+    assert digest() == before
+    records = list(RunDir(dst).pair_records())
+    assert (
+        len({r["pair_id"] for r in records}) == len({r["example_id"] for r in records}) == 3 * kept
+    )
+    result = publish(None, dst, out_dir=tmp_path / "release")
+    assert result["rows"] == 3 * kept

@@ -75,21 +75,18 @@ def _write_tables(
     secrets: dict[str, str],
 ) -> Tally:
     """Each selected pair read again, in the release's order, made a release row and checked
-    for secrets; each config's rows written as one parquet file once complete (a config is
-    one category, and the order keeps a category's rows together), ``all`` last. Returns
-    the figures' tally. The files are the ones the whole table would give: each is written
-    from single-chunk columns, as ``pa.Table.from_pylist`` of every row made them."""
-    schema = features().arrow_schema
-    every = _Columns(schema)
-    part = _Columns(schema)
+    for secrets; the rows gathered as Arrow columns, then written as ``all`` and, each
+    config being one category whose rows the order keeps together, as a slice of it per
+    config. Returns the figures' tally. The files are the ones the whole table of rows
+    gives (``pa.Table.from_pylist`` of every row, written at once): a parquet file is
+    written as one row group from single-chunk columns, and a slice of those writes the
+    bytes its own table would."""
+    every = _Columns(features().arrow_schema)
     tally = Tally()
-    current: str | None = None
+    parts: dict[str, int] = {}  # config -> its rows, in the release's order
     for e in selected:
         name = config_name(e["category"])
-        if name != current:
-            if current is not None:
-                folder.write_table(tmp / current / DATA_FILE, part.table(every))
-            current = name
+        parts[name] = parts.get(name, 0) + 1
         shard, line, start, length, digest = e["at"]
         raw = StageDir.line_at(shards[shard], start, length)
         if _digest(raw) != digest:
@@ -103,18 +100,21 @@ def _write_tables(
         row = build_row(rec, verdicts.get(rec["pair_id"]))
         _check_no_secrets(secrets, f"pair {row['pair_id']}", json_text(row).encode())
         tally.add(rec, row)
-        part.add(row)
-    assert current is not None  # at least one pair is selected
-    folder.write_table(tmp / current / DATA_FILE, part.table(every))
-    folder.write_table(tmp / RELEASE_ALL / DATA_FILE, every.table())
+        every.add(row)
+    table = every.table()
+    folder.write_table(tmp / RELEASE_ALL / DATA_FILE, table)
+    offset = 0
+    for name, n in parts.items():
+        folder.write_table(tmp / name / DATA_FILE, table.slice(offset, n))
+        offset += n
     return tally
 
 
 class _Columns:
-    """Release rows gathered as Arrow columns: a few KB a pair where the Python rows took
-    about 60 KB. ``table`` gives them as one table of single-chunk columns (the chunks
-    joined column by column, each column's chunks let go once joined); given ``into``,
-    the chunks are handed on there first (``all`` shares each category's chunks)."""
+    """Release rows gathered as Arrow columns, a batch at a time: about 10 KB a pair where
+    the Python rows took about 60 KB. ``table`` gives them as one table of single-chunk
+    columns, joined column by column (each column's chunks let go once joined, so the
+    most held at once is the table and one column's copy)."""
 
     BATCH = 1024
 
@@ -137,14 +137,12 @@ class _Columns:
                 chunks.append(batch.column(j))
             self.pending = []
 
-    def table(self, into: _Columns | None = None) -> Any:
+    def table(self) -> Any:
         import pyarrow as pa
 
         self._flush()
         arrays = []
         for j, chunks in enumerate(self.chunks):
-            if into is not None:
-                into.chunks[j].extend(chunks)
             arrays.append(pa.concat_arrays(chunks))
             self.chunks[j] = []
         return pa.Table.from_arrays(arrays, schema=self.schema)
