@@ -576,3 +576,39 @@ def test_the_key_reaches_every_batch_call_and_no_file_of_the_run(tmp_path, monke
     for p in rd.path.rglob("*"):
         if p.is_file():
             assert key.encode() not in p.read_bytes(), p
+
+
+class DatedBatchesServer(BatchesServer):
+    """Answers as OpenAI does: a request for ``gpt-4o-mini`` is answered by the dated
+    snapshot that served it, ``model: gpt-4o-mini-2024-07-18``."""
+
+    async def _respond(self, body, fault):
+        from aiohttp import web
+
+        resp = await super()._respond(body, fault)
+        if resp.status != 200:
+            return resp
+        data = json.loads(resp.body)
+        data["model"] = f"{data['model']}-2024-07-18"
+        return web.json_response(data)
+
+
+def test_answers_from_a_dated_snapshot_of_the_model_are_taken(tmp_path, reference):
+    with DatedBatchesServer() as server:
+        rd = run_sample(tmp_path, server, "dated", batch=True)
+        assert server.lines_answered > 0
+    # every answer is taken, and recorded with the snapshot that served it
+    models = {r["provenance"]["model"] for r in rd.stage("responses").rows()}
+    assert models == {"Qwen/Qwen2.5-7B-Instruct-2024-07-18"}
+    assert len(stage_rows(rd)["pairs"]) == 2
+
+
+def test_same_model_takes_the_name_or_its_dated_snapshot_only():
+    from pipeline.batch.lines import same_model
+
+    assert same_model("gpt-4o-mini", "gpt-4o-mini")
+    assert same_model("gpt-4o-mini", "gpt-4o-mini-2024-07-18")
+    assert not same_model("gpt-4o-mini", "gpt-4o-mini-tts")
+    assert not same_model("gpt-4o-mini", "gpt-4o-mini-2024-07")
+    assert not same_model("gpt-4o", "gpt-4o-mini-2024-07-18")
+    assert not same_model("gpt-4o-mini", None)

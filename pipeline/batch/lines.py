@@ -17,6 +17,7 @@ OpenAI's errors file as ``response: null`` with ``error: {"code", "message"}``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +144,21 @@ def read_results(
         yield _answer(where, cid, obj, expected[cid], line_id)
 
 
+# OpenAI answers a model name with the dated snapshot that served it ("gpt-4o-mini" ->
+# "gpt-4o-mini-2024-07-18"): the same model, named precisely
+_SNAPSHOT = re.compile(r"-\d{4}-\d{2}-\d{2}")
+
+
+def same_model(asked: str, reported: Any) -> bool:
+    """Whether a result line's ``model`` is the model its request asked for: the same name,
+    or that name's dated snapshot as OpenAI reports it."""
+    if not isinstance(reported, str):
+        return False
+    if reported == asked:
+        return True
+    return reported.startswith(asked) and _SNAPSHOT.fullmatch(reported[len(asked) :]) is not None
+
+
 def _answer(
     where: str, cid: str, obj: dict[str, Any], req: ChatRequest, line_id: str | None
 ) -> Parsed:
@@ -170,7 +186,7 @@ def _answer(
     if not isinstance(body, dict):
         return failed("broken line", "response.body is not a chat completion")
     model = body.get("model")
-    if model != req.model:
+    if not same_model(req.model, model):
         return failed(
             "other model",
             f"answered by model {_shown(model)}, but the request asked for {_shown(req.model)}",
