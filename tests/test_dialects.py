@@ -213,7 +213,6 @@ def test_the_sample_config_runs_against_each_provider(tmp_path, capsys, behaviou
         assert served["kind"] == "openai"
         funnel = _funnel(stats)
         assert funnel["examples"] == 2 and funnel["kept"] + sum(funnel["dropped"].values()) == 2
-        print(f"FUNNEL {behaviour}: {json.dumps(funnel)}")  # for the report
 
         # the same command again: nothing to do, nothing asked (the record is read back)
         again = run_pipeline(_sample(tmp_path, srv), progress=False, echo=lambda _m: None)
