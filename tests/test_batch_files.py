@@ -461,7 +461,8 @@ def test_the_live_backend_and_batch_results_read_replies_with_one_function():
     from pipeline.batch import lines
 
     assert lines.parse_reply is openai_backend.parse_reply
-    assert "parse_reply(" in inspect.getsource(openai_backend.OpenAIBackend._once)
+    # the live path reads each reply in _post (its _once builds the bodies per dialect)
+    assert "parse_reply(" in inspect.getsource(openai_backend.OpenAIBackend._post)
 
 
 def test_a_request_line_given_as_a_result_is_named():

@@ -24,6 +24,7 @@ from standin_server import StandinServer
 
 from pipeline.backends.openai_backend import OpenAIBackend
 from pipeline.backends.ratelimit import RESERVE, RateLimiter, Ticket, parse_duration
+from pipeline.backends.settings import OpenAISettings
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import BackendSection
 
@@ -322,7 +323,13 @@ def cfg_for(server: StandinServer, **kw: Any) -> BackendSection:
         "max_concurrency": 32,
     }
     opts.update(kw)
-    return BackendSection(name="openai", model=MODEL, base_url=server.base_url, **opts)
+    # the openai server's own settings go in its section (backend.openai)
+    server_keys = set(OpenAISettings.model_fields)
+    section = {k: v for k, v in opts.items() if k in server_keys}
+    rest = {k: v for k, v in opts.items() if k not in server_keys}
+    return BackendSection(
+        name="openai", model=MODEL, openai={"base_url": server.base_url, **section}, **rest
+    )
 
 
 def run_backend(

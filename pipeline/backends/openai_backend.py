@@ -422,7 +422,25 @@ class OpenAIBackend(Backend):
                 "backend.openai.batch needs a run directory to record its batches in; "
                 "run it through `prb run`"
             )
-        return BatchRunner(self, self.batch_folder)
+        return BatchRunner(
+            self,
+            self.batch_folder,
+            body=self._batch_body,
+            answer=lambda req, result: self.dialect(req.model).answer(req, result),
+        )
+
+    def _batch_body(self, req: ChatRequest) -> dict[str, Any]:
+        """A batch line's body in the server's dialect (the same body a request sent one by
+        one gets). A dialect that asks for ``n`` answers as ``n`` requests has no one line
+        for the request: batch mode cannot send it."""
+        bodies = self.dialect(req.model).bodies(req)
+        if len(bodies) != 1:
+            raise BackendError(
+                f"the server at {plain_url(self.server.base_url)} does not serve n > 1 for "
+                f"{req.model}, and batch mode sends one line per request: set "
+                "backend.openai.batch=false, or responses.n=1"
+            )
+        return bodies[0]
 
     @classmethod
     def build(
