@@ -229,10 +229,12 @@ def measure(args: argparse.Namespace, scenario: str, variant: str) -> dict[str, 
         cfg = BackendSection(
             name="openai",
             model=MODEL,
-            base_url=server.base_url,
-            max_concurrency=args.concurrency,
-            follow_rate_limits=variant == "follow",
-            timeout_s=120.0,
+            openai={
+                "base_url": server.base_url,
+                "max_concurrency": args.concurrency,
+                "follow_rate_limits": variant == "follow",
+                "timeout_s": 120.0,
+            },
         )
         client = asyncio.run(drive(cfg, requests_for(f"{scenario}-{variant}", n), args.seconds))
     finally:
