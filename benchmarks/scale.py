@@ -1016,6 +1016,30 @@ def replicate_pairs(src: Path, dst: Path, copies: int) -> dict[str, int]:
     return {"pairs": n}
 
 
+def publish_then_audit(
+    run_dir: Path, sdir: Path, logs: Path, count: int, max_seconds: float
+) -> dict[str, Any]:
+    """`prb publish` on ``run_dir``, then `prb audit` on its release when it published."""
+    cmds: dict[str, Any] = {}
+    release, report = sdir / "release", sdir / "audit"
+    cmds["publish"] = measure_publish(run_dir, release, logs, max_seconds)
+    say(count, "copy", "publish", cmds["publish"])
+    if cmds["publish"]["status"] == "ok":
+        cmds["audit"] = measure_audit(release, report, logs, max_seconds)
+        say(count, "copy", "audit", cmds["audit"])
+    return cmds
+
+
+def publish_audit_growth(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Growth of publish (per row) and audit (per pair) between two replicated sizes."""
+    pa, pb = a["commands"]["publish"], b["commands"]["publish"]
+    aa, ab = a["commands"]["audit"], b["commands"]["audit"]
+    return {
+        "publish": ratios(pa, pb, pb["rows"] / pa["rows"]),
+        "audit": ratios(aa, ab, ab["pairs"] / aa["pairs"]),
+    }
+
+
 def measure_replicated_pairs(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """`prb publish` and `prb audit` on a run whose kept pairs are copied (replicate_pairs)."""
     src = args.replicate.resolve()
@@ -1032,14 +1056,8 @@ def measure_replicated_pairs(args: argparse.Namespace, work: Path) -> dict[str, 
             "pairs": rows["pairs"],
             "replicate_seconds": round(time.perf_counter() - t0, 1),
         }
-        cmds: dict[str, Any] = {}
+        cmds = publish_then_audit(run_dir, sdir, logs, rows["pairs"], args.max_seconds)
         entry["commands"] = cmds
-        release, report = sdir / "release", sdir / "audit"
-        cmds["publish"] = measure_publish(run_dir, release, logs, args.max_seconds)
-        say(rows["pairs"], "copy", "publish", cmds["publish"])
-        if cmds["publish"]["status"] == "ok":
-            cmds["audit"] = measure_audit(release, report, logs, args.max_seconds)
-            say(rows["pairs"], "copy", "audit", cmds["audit"])
         entry["status"] = "ok" if all(c["status"] == "ok" for c in cmds.values()) and \
             len(cmds) == 2 else "failed"  # fmt: skip
         sizes.append(entry)
@@ -1047,13 +1065,7 @@ def measure_replicated_pairs(args: argparse.Namespace, work: Path) -> dict[str, 
             shutil.rmtree(sdir, ignore_errors=True)
     grow = []
     for a, b in itertools.pairwise([x for x in sizes if x["status"] == "ok"]):
-        pa, pb = a["commands"]["publish"], b["commands"]["publish"]
-        aa, ab = a["commands"]["audit"], b["commands"]["audit"]
-        per = {
-            "publish": ratios(pa, pb, pb["rows"] / pa["rows"]),
-            "audit": ratios(aa, ab, ab["pairs"] / aa["pairs"]),
-        }
-        grow.append({"from": a["pairs"], "to": b["pairs"], "stages": per})
+        grow.append({"from": a["pairs"], "to": b["pairs"], "stages": publish_audit_growth(a, b)})
     return {
         "source_run": str(src),
         "method": replicate_pairs.__doc__.replace("\n    ", " ").strip(),
@@ -1091,14 +1103,9 @@ def measure_replicated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         say(entry["examples"], "copy", "pairs", pairs)
         entry["stages"] = {"pairs": pairs}
         cmds: dict[str, Any] = {}
-        entry["commands"] = cmds
         if pairs["status"] == "ok":
-            release, report = sdir / "release", sdir / "audit"
-            cmds["publish"] = measure_publish(run_dir, release, logs, args.max_seconds)
-            say(entry["examples"], "copy", "publish", cmds["publish"])
-            if cmds["publish"]["status"] == "ok":
-                cmds["audit"] = measure_audit(release, report, logs, args.max_seconds)
-                say(entry["examples"], "copy", "audit", cmds["audit"])
+            cmds = publish_then_audit(run_dir, sdir, logs, entry["examples"], args.max_seconds)
+        entry["commands"] = cmds
         every = [pairs, *cmds.values()]
         entry["status"] = "ok" if len(every) == 3 and all(c["status"] == "ok" for c in every) \
             else "failed"  # fmt: skip
@@ -1107,14 +1114,11 @@ def measure_replicated(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             shutil.rmtree(sdir, ignore_errors=True)
     grow = []
     for a, b in itertools.pairwise([x for x in sizes if x["status"] == "ok"]):
-        pa, pb = a["commands"]["publish"], b["commands"]["publish"]
-        aa, ab = a["commands"]["audit"], b["commands"]["audit"]
         per = {
             "pairs": ratios(
                 a["stages"]["pairs"], b["stages"]["pairs"], b["examples"] / a["examples"]
             ),
-            "publish": ratios(pa, pb, pb["rows"] / pa["rows"]),
-            "audit": ratios(aa, ab, ab["pairs"] / aa["pairs"]),
+            **publish_audit_growth(a, b),
         }
         grow.append({"from": a["examples"], "to": b["examples"], "stages": per})
     return {

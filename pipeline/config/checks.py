@@ -73,28 +73,20 @@ def check_consistency(cfg: Config, source: str) -> None:
     """Settings that are valid one by one but contradict each other (every pair would drop)."""
     r, p = cfg.rubrics, cfg.pairs
     prices = cfg.run.prices
-    given = [x is not None for x in (prices.input_usd_per_million, prices.output_usd_per_million)]
-    if any(given) and not all(given):
-        missing = "input" if not given[0] else "output"
-        raise ConfigError(
-            "give both run.prices.input_usd_per_million and output_usd_per_million (0 for a "
-            "side that is free), or neither",
-            path=source,
-            field=f"run.prices.{missing}_usd_per_million",
-        )
-    batch = [
-        x is not None
-        for x in (prices.batch_input_usd_per_million, prices.batch_output_usd_per_million)
-    ]
-    if any(batch) and not all(batch):
-        missing = "input" if not batch[0] else "output"
-        raise ConfigError(
-            "give both run.prices.batch_input_usd_per_million and batch_output_usd_per_million "
-            "(0 for a side that is free), or neither",
-            path=source,
-            field=f"run.prices.batch_{missing}_usd_per_million",
-        )
-    if cfg.run.budget.usd is not None and not all(given):
+    # each pair of rates is given whole or not at all: standard, then batch
+    for prefix in ("", "batch_"):
+        pair = [getattr(prices, f"{prefix}{side}_usd_per_million") for side in ("input", "output")]
+        given = [x is not None for x in pair]
+        if any(given) and not all(given):
+            missing = "input" if not given[0] else "output"
+            raise ConfigError(
+                f"give both run.prices.{prefix}input_usd_per_million and "
+                f"{prefix}output_usd_per_million (0 for a side that is free), or neither",
+                path=source,
+                field=f"run.prices.{prefix}{missing}_usd_per_million",
+            )
+    standard = (prices.input_usd_per_million, prices.output_usd_per_million)
+    if cfg.run.budget.usd is not None and None in standard:
         raise ConfigError(
             "run.budget.usd needs the backend's prices: set run.prices.input_usd_per_million "
             "and output_usd_per_million",
