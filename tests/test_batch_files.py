@@ -393,6 +393,30 @@ def test_batch_commands_refuse_in_one_line(tmp_path, server, capsys):
     assert server.request_count == 0
 
 
+def test_export_replaces_only_an_earlier_export(tmp_path, server, capsys):
+    """-o names a user's file: refused before any stage runs, the file as it was; a folder
+    or a missing folder too. An earlier export at that path is replaced."""
+    cfg = write_config(tmp_path, server, backend={"name": "batchfile"})
+    mine = tmp_path / "notes.jsonl"
+    mine.write_text('{"mine": 1}\n', encoding="utf-8")
+    rc, said = export(cfg, mine, capsys)
+    assert rc == 1 and f"error: {mine}, line 1: exists and is not a file of batch requests" in said
+    assert mine.read_text(encoding="utf-8") == '{"mine": 1}\n'
+    assert not (tmp_path / "outputs").exists(), "a stage ran before the refusal"
+    rc, said = export(cfg, tmp_path, capsys)
+    assert rc == 1 and "is not a file" in said
+    rc, said = export(cfg, tmp_path / "no" / "such.jsonl", capsys)
+    assert rc == 1 and "does not exist" in said
+    assert "Traceback" not in said
+    out = tmp_path / "requests.jsonl"
+    assert export(cfg, out, capsys)[0] == 0
+    first = out.read_text(encoding="utf-8")
+    assert first and all(check_request_line(x) for x in first.splitlines())
+    assert export(cfg, out, capsys)[0] == 0  # an earlier export: replaced, with the same lines
+    assert out.read_text(encoding="utf-8") == first
+    assert server.request_count == 0
+
+
 # ---- the format itself (pipeline/batch/lines.py) --------------------------------------------
 
 

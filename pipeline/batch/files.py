@@ -119,6 +119,8 @@ def export_requests(
     from pipeline.run import RunDir
 
     check_batchfile(cfg, "export")
+    if out is not None:
+        check_export_target(out)
     rd = RunDir(cfg.run_dir)
     done = _run_stages(cfg, rd, _lock(rd), progress=progress, echo=echo, command=command)
     if done.stopped is None:
@@ -132,6 +134,40 @@ def export_requests(
         write_jsonl_atomic(path, (request_line(r, r.openai_body()) for r in requests))
         state.record_asked([(r, stage) for r in requests], str(path))
     return Exported(path, stage, len(requests))
+
+
+# the keys of a batch request line (pipeline/batch/lines.py request_line)
+_REQUEST_KEYS = {"custom_id", "method", "url", "body"}
+
+
+def check_export_target(path: Path) -> None:
+    """``-o`` may name a new file, or replace a file of batch request lines (an earlier
+    export); never a folder or any other file: a user's file is not the project's to
+    replace. Checked before any stage runs, so a refusal leaves nothing done."""
+    import json
+
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise InputError(
+                f"the folder {path.parent} does not exist; create it or choose another path",
+                path=path,
+            )
+        return
+    if not path.is_file():
+        raise InputError("is not a file; give a file path to write the requests to", path=path)
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                obj = None
+            if not isinstance(obj, dict) or set(obj) != _REQUEST_KEYS:
+                raise InputError(
+                    "exists and is not a file of batch requests that `prb batch export` wrote; "
+                    "it is left as it is: choose another path, or move it away",
+                    path=path,
+                    line=n,
+                )
 
 
 def _next_file(rd: RunDir, stage: str) -> Path:
