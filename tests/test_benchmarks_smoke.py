@@ -37,9 +37,13 @@ def _scale(r: dict[str, Any]) -> None:
         assert size["status"] == "ok"
         assert all(st["status"] == "ok" for st in size["stages"].values())
         for stage in ("responses", "judge"):
-            st = size["stages"][stage]
-            assert st["bare"]["status"] == "ok" and st["ratio_vs_bare"] > 0
-            assert st["cache_rows_added"] == st["bare"]["requests"] > 0
+            st, bare = size["stages"][stage], size["stages"][stage]["bare"]
+            assert bare["status"] == "ok" and st["ratio_vs_bare"] > 0
+            # the bare client sends the stage's requests, or every k-th of them over 500
+            assert st["cache_rows_added"] == bare["stage_rows"] > 0
+            assert bare["every"] == max(1, -(-bare["stage_rows"] // 500))
+            assert bare["requests"] == len(range(0, bare["stage_rows"], bare["every"]))
+        assert size["stages"]["responses"]["bare"]["every"] == 1
         rerun = size["cached_rerun"]
         assert rerun["status"] == "ok"
         for stage, st in rerun["stages"].items():
@@ -51,6 +55,7 @@ def _scale(r: dict[str, Any]) -> None:
         assert set(cmds["plan"]["against_run"]) == {"responses", "judge"}
         assert cmds["publish"]["status"] == "ok" and cmds["publish"]["rows"] > 0
         assert cmds["audit"]["pairs"] == cmds["publish"]["rows"]
+    assert r["sizes"][-1]["stages"]["judge"]["bare"]["every"] > 1  # the sample was taken
     (g,) = r["growth"]
     assert set(g["stages"]) >= {"ingest", "pairs", "plan", "publish", "audit"}
 
