@@ -10,15 +10,17 @@ The budget (``run.budget``) counts what the run already received from the backen
 answers it (the ledger) plus what this invocation has received, plus a bound of every
 request in flight: a prompt counts as its UTF-8 bytes plus a few tokens per message (a
 token is at least one byte in every tokenizer the backends use), an answer as
-``max_tokens`` for each of its ``n`` choices. A request whose bound could take the run
-past a limit waits until answers in flight replace their bounds by their real usage; when
-nothing is in flight and it still does not fit, the stage stops with
+``max_tokens`` for each of its ``n`` choices, both as the server is sent it (its dialect:
+a schema stated in the prompt, a prompt per choice where ``n`` is split). A request whose
+bound could take the run past a limit waits until answers in flight replace their bounds
+by their real usage; when nothing is in flight and it still does not fit, the stage stops with
 :class:`~pipeline.errors.BudgetReached` (everything answered is kept). The bound is
 conservative, so a run stops somewhat below its budget, never above it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,7 @@ from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BudgetReached
 
 if TYPE_CHECKING:
+    from pipeline.backends.dialect import Dialect
     from pipeline.cache import RequestCache
     from pipeline.config import Config, PricesSection
     from pipeline.run import RunDir
@@ -73,12 +76,17 @@ class Spend:
         self.completion_tokens += sign * other.completion_tokens
 
 
-def request_bound(req: ChatRequest) -> Spend:
+def request_bound(req: ChatRequest, dialect: Dialect | None = None) -> Spend:
     """The most one request can cost: its prompt's bytes (no token is shorter than a byte)
-    plus the template's tokens per message, and ``max_tokens`` for each choice."""
-    prompt = sum(len(c.encode("utf-8", "surrogatepass")) for _, c in req.messages)
-    prompt += TEMPLATE_TOKENS_PER_MESSAGE * len(req.messages)
-    return Spend(1, prompt, req.max_tokens * req.n)
+    plus the template's tokens per message, and ``max_tokens`` for each choice; with the
+    server's ``dialect``, summed over what it is sent as (``Dialect.as_sent``: the schema
+    stated in the prompt, a prompt per choice where ``n`` is split)."""
+    prompt = output = 0
+    for sent in dialect.as_sent(req) if dialect is not None else (req,):
+        prompt += sum(len(c.encode("utf-8", "surrogatepass")) for _, c in sent.messages)
+        prompt += TEMPLATE_TOKENS_PER_MESSAGE * len(sent.messages)
+        output += sent.max_tokens * sent.n
+    return Spend(1, prompt, output)
 
 
 def backend_spend(cache: RequestCache, served_by: str) -> Spend:
@@ -101,8 +109,12 @@ class Budget:
         usd: float | None,
         prices: PricesSection,
         spent: Spend,
+        dialects: Mapping[str, Dialect] | None = None,
     ) -> None:
         self.limits = {"requests": requests, "tokens": tokens, "usd": usd}
+        # how each model's server is sent a request (the identity's record): what a
+        # request's bound is counted on
+        self.dialects = dict(dialects or {})
         self.prices = prices
         self.prior = spent  # received before this stage started (the ledger)
         self.received = Spend()  # received by this stage in this invocation
@@ -121,10 +133,13 @@ class Budget:
                 return "usd"
         return None
 
+    def bound(self, req: ChatRequest) -> Spend:
+        return request_bound(req, self.dialects.get(req.model))
+
     def admit(self, req: ChatRequest) -> bool:
         """Whether ``req`` may be sent now: False when its bound, with what was received and
         the bounds of what is in flight, could cross a limit; True counts it in flight."""
-        bound = request_bound(req)
+        bound = self.bound(req)
         total = Spend()
         for part in (self.prior, self.received, self.inflight, bound):
             total.add(part)
@@ -138,7 +153,7 @@ class Budget:
     def settle(self, req: ChatRequest, outcome: ChatResult | RequestFailure) -> None:
         """An admitted request came back: its bound leaves, its real usage counts (a failed
         request received nothing and is not counted)."""
-        self.inflight.add(request_bound(req), sign=-1)
+        self.inflight.add(self.bound(req), sign=-1)
         if isinstance(outcome, ChatResult):
             self.received.add(Spend(1, outcome.prompt_tokens, outcome.completion_tokens))
 
@@ -172,8 +187,13 @@ class Budget:
         )
 
 
-def make_budget(config: Config, cache: RequestCache, served_by: str) -> Budget | None:
-    """The budget of a stage's runner; None when ``run.budget`` sets no limit."""
+def make_budget(
+    config: Config, cache: RequestCache, served_by: str, identity: dict[str, Any] | None = None
+) -> Budget | None:
+    """The budget of a stage's runner; None when ``run.budget`` sets no limit. ``identity``:
+    what serves the run, whose recorded dialects decide what a request is sent as."""
+    from pipeline.backends.dialect import of_identity
+
     b = config.run.budget
     if b.requests is None and b.tokens is None and b.usd is None:
         return None
@@ -183,6 +203,7 @@ def make_budget(config: Config, cache: RequestCache, served_by: str) -> Budget |
         usd=b.usd,
         prices=run_prices(config),
         spent=backend_spend(cache, served_by),
+        dialects=of_identity(identity),
     )
 
 

@@ -413,6 +413,9 @@ class StandinServer:
         if fmt.get("type") == "json_schema":
             schema = (fmt.get("json_schema") or {}).get("schema") or {"type": "object"}
             return json.dumps(generate_from_schema(schema, rng))
+        if fmt.get("type") == "json_object" and isinstance(fmt.get("schema"), dict):
+            # llama-cpp-python's form: json_object held to the schema given with it
+            return json.dumps(generate_from_schema(fmt["schema"], rng))
         if fmt.get("type") == "json_object":
             return json.dumps({"answer": text_answer(rng, body["messages"])})
         return text_answer(rng, body["messages"])

@@ -413,3 +413,73 @@ def test_the_ray_http_engine_refuses_a_dialect_it_cannot_send():
     cfg = BackendSection(name="ray", openai={"structured_output": "json_object"})
     with pytest.raises(BackendError, match="sends json_schema only"):
         RayBackend.preflight(cfg)
+
+
+# ---- what a request costs as it is sent: run.budget and prb plan ---------------------------
+
+
+def test_a_request_is_bounded_and_counted_as_the_server_is_sent_it():
+    from pipeline.budget import request_bound
+
+    req = _req(STAGE_SCHEMAS["quality"], n=2)
+    today = request_bound(req)
+    assert request_bound(req, Dialect()) == today
+    # the schema stated in the prompt: one request's prompt grows by the statement
+    stated = Dialect(structured_output="json_object")
+    (sent,) = stated.as_sent(req)
+    note = dialects.schema_statement(req.json_schema)
+    assert sent.messages[0] == ("system", f"You judge.\n\n{note}") and sent.n == 2
+    bound = request_bound(req, stated)
+    assert bound.prompt_tokens == today.prompt_tokens + len(f"\n\n{note}".encode())
+    assert bound.completion_tokens == today.completion_tokens
+    # n split: a prompt per choice, one choice each; the output bound is the same
+    split = Dialect(structured_output="json_object", n="split")
+    copies = split.as_sent(req)
+    assert len(copies) == 2 and all(c.n == 1 and c.messages == sent.messages for c in copies)
+    bound2 = request_bound(req, split)
+    assert bound2.prompt_tokens == 2 * bound.prompt_tokens
+    assert (bound2.requests, bound2.completion_tokens) == (1, today.completion_tokens)
+    # what the backend sends is what is counted
+    bodies = split.bodies(req)
+    assert [b["messages"] for b in bodies] == [c.message_dicts() for c in copies]
+    # strict mode adds only the limits it cannot carry; a schema without any adds nothing
+    strict = Dialect(structured_output="json_schema_strict")
+    assert strict.as_sent(_req({"type": "object", "properties": {}})) == [
+        _req({"type": "object", "properties": {}})
+    ]
+
+
+def test_the_plan_counts_the_prompts_a_dialect_sends_and_the_budget_bounds_them(tmp_path):
+    """On the stand-in, whose token count the plan knows exactly (the words of each
+    message), a run told to send llama-cpp-python's form (json_object with the schema, and
+    the schema stated in the prompt): the plan afterwards counts every stage's prompt
+    tokens as the server reported them."""
+    from pipeline.budget import make_budget
+    from pipeline.cache import RequestCache
+    from pipeline.plan import estimate
+
+    with StandinServer() as srv:
+        cfg = write_config(tmp_path, srv, input={"limit": 2},
+                           backend={"openai": {"structured_output": "json_object_schema"}})  # fmt: skip
+        assert main(["run", str(cfg), "--no-progress"]) == 0
+        config = load_config(cfg)
+        plan = estimate(config)
+    by_stage = {e.stage: e for e in plan.stages}
+    checked = 0
+    for stage in LLM_STAGES:
+        est = by_stage[stage]
+        if not est.total.requests or (est.actual or {}).get("reasks"):
+            continue  # (given rubrics send nothing; a re-ask's prompt is not a first one)
+        assert est.total.prompt_tokens == est.actual["prompt_tokens"], stage
+        checked += 1
+    assert checked >= 2
+    assert any("structured output json_object_schema" in n for n in plan.notes), plan.notes
+    # the budget a stage's runner gets bounds a request as sent
+    ident = RunDir(tmp_path / "outputs" / "t").stage("judge").meta.environment["served_by"]
+    budget_cfg = load_config(cfg, ["run.budget.tokens=1000000000"])
+    with RequestCache(tmp_path / "outputs" / "t" / "cache.sqlite") as cache:
+        budget = make_budget(budget_cfg, cache, identity_id(ident), ident)
+    assert budget is not None
+    req = ChatRequest((("system", "s"), ("user", "u")), "standin-model",
+                      json_schema=STAGE_SCHEMAS["quality"])  # fmt: skip
+    assert budget.bound(req).prompt_tokens > len(dialects.schema_statement(req.json_schema))

@@ -129,32 +129,63 @@ class Dialect:
             out.append(one)
         return out
 
+    def as_sent(self, req: ChatRequest) -> list[ChatRequest]:
+        """``req`` as the server receives it, one request per body of :meth:`bodies`: the
+        schema's note in its system message, and ``n`` > 1 split into ``n`` of one choice.
+        What its prompt tokens and bounds are counted on (``prb plan``, ``run.budget``):
+        a split request's prompt is paid once per choice."""
+        if self == _DEFAULT:
+            return [req]
+        one = req
+        note = self.note(req) if req.json_schema is not None else ""
+        if note:
+            messages = with_system_note(req.message_dicts(), note)
+            one = replace(req, messages=tuple((m["role"], m["content"]) for m in messages))
+        if self.n == "split" and req.n > 1:
+            return [replace(one, n=1)] * req.n
+        return [one]
+
+    def note_for_schema(self) -> bool:
+        """Whether a request with a schema gets text in its prompt (every kind but
+        json_schema; strict only where the schema has limits strict mode cannot carry)."""
+        return self.structured_output != "json_schema"
+
+    def note(self, req: ChatRequest) -> str:
+        """What this dialect adds to the system message of a request with a schema: the
+        limits strict mode cannot carry, or the whole schema where the server is not held
+        to it; empty for json_schema."""
+        kind = self.structured_output
+        if kind == "json_schema":
+            return ""
+        schema = req.json_schema or {}
+        if kind == "json_schema_strict":
+            moved = strict_schema(schema)[1]
+            if not moved:
+                return ""
+            return (
+                "Besides the JSON schema given with this request, the JSON object must "
+                "keep to these limits:\n" + "\n".join(f"- {m}" for m in moved)
+            )
+        return schema_statement(schema)
+
     def _structured(self, req: ChatRequest, body: dict[str, Any]) -> None:
         schema = req.json_schema or {}
         kind = self.structured_output
         name = _schema_name(req.schema_name)
-        note = ""
         if kind == "json_schema":
             return
         if kind == "json_schema_strict":
-            strict, moved = strict_schema(schema)
             body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": name, "strict": True, "schema": strict},
+                "json_schema": {"name": name, "strict": True, "schema": strict_schema(schema)[0]},
             }
-            if moved:
-                note = (
-                    "Besides the JSON schema given with this request, the JSON object must "
-                    "keep to these limits:\n" + "\n".join(f"- {m}" for m in moved)
-                )
+        elif kind == "json_object_schema":
+            body["response_format"] = {"type": "json_object", "schema": schema}
+        elif kind == "json_object":
+            body["response_format"] = {"type": "json_object"}
         else:
-            if kind == "json_object_schema":
-                body["response_format"] = {"type": "json_object", "schema": schema}
-            elif kind == "json_object":
-                body["response_format"] = {"type": "json_object"}
-            else:
-                body.pop("response_format", None)
-            note = schema_statement(schema)
+            body.pop("response_format", None)
+        note = self.note(req)
         if note:
             body["messages"] = with_system_note(body["messages"], note)
 
@@ -730,6 +761,16 @@ def forget(cfg: OpenAISettings, model: str, cache_path: Path | None) -> None:
 
         with contextlib.suppress(Exception), RequestCache(cache_path) as cache:
             cache.put_derived(_memo_key(cfg, model), "dialect", None)
+
+
+def of_identity(identity: dict[str, Any] | None) -> dict[str, Dialect]:
+    """The dialect of each model an identity records one for (:func:`identify`); a model
+    it does not name is sent today's body."""
+    records = (identity or {}).get("dialect")
+    if not isinstance(records, dict):
+        return {}
+    found = {m: Dialect.from_record(r) for m, r in records.items()}
+    return {m: d for m, d in found.items() if d is not None}
 
 
 def identify(

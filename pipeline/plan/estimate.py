@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeline.backends import BACKENDS
+from pipeline.backends.dialect import Dialect, of_identity
 from pipeline.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
@@ -60,11 +61,15 @@ def _counted(
     counter: TokenCounter,
     mean: float | None,
     extra: _Extra | None = None,
+    dialects: dict[str, Dialect] | None = None,
 ) -> Iterator[dict]:
     """Count the planned requests into ``est`` as they pass; what is done (``done`` None:
     everything) or cached is not to be sent. Yields the rows of examples still to do, for
     the stages that read them (nothing holds them: see ``_Planned``). ``extra``: where the
-    placeholder answer's occurrences are counted, for the prompt bounds."""
+    placeholder answer's occurrences are counted, for the prompt bounds. ``dialects``: how
+    each model's server is sent a request (the identity's record), whose prompts are
+    counted as sent (``Dialect.as_sent``: the schema in the prompt, a prompt per choice
+    where ``n`` is split)."""
     batch: list[tuple[ChatRequest, bool]] = []
 
     def flush() -> None:
@@ -72,15 +77,18 @@ def _counted(
         for req, settled in batch:
             # (a key is hashed only when the cache holds something to find)
             cached = settled or (bool(present) and req.key in present)
-            tokens = counter.count(req)
+            dialect = dialects.get(req.model) if dialects else None
+            sent = dialect.as_sent(req) if dialect is not None else [req]
+            # the copies of a split request are one prompt each
+            tokens = counter.count(sent[0]) * len(sent)
             held = 0
             if extra is not None:
-                held = sum(c.count(extra.text) for _, c in req.messages)
+                held = sum(c.count(extra.text) for _, c in req.messages) * len(sent)
                 extra.held_total += held
                 if not cached:
                     extra.held_to_send += held
             bound = req.max_tokens * req.n
-            budget_prompt = request_bound(req).prompt_tokens
+            budget_prompt = request_bound(req, dialect).prompt_tokens
             expected = min(mean, req.max_tokens) * req.n if mean is not None else None
             for fig in (est.total,) if cached else (est.total, est.to_send):
                 fig.requests += 1
@@ -251,6 +259,14 @@ def _estimate(
     for model in dict.fromkeys(models.values()):
         counters[model], more = choose_counter(config, ctx.served_by, model, cache, served_by)
         notes += more
+    # what the run found (or was told) each model's server takes: prompts counted as sent
+    dialects = of_identity(ctx.served_by) if llm_stages else {}
+    for model, d in dialects.items():
+        if d.note_for_schema() or d.n == "split":
+            notes.append(
+                f"prompt tokens counted as {model}'s server is sent them "
+                f"({d.describe()}; backend.openai.structured_output)"
+            )
 
     ingest_plan = plans[0]
     ingest_rows = _IngestRows(ctx, ingest_plan.action)
@@ -296,7 +312,7 @@ def _estimate(
                 extra = _Extra(text, beyond, math.ceil(beyond * per_token))
         rows = _counted(
             est, stage.plan_examples(ctx, set(), filler), done, cache, counter,
-            m.get("output_per_choice"), extra,
+            m.get("output_per_choice"), extra, dialects,
         )  # fmt: skip
         counted.append((est, stage, counter, m, extra))
         if p.action != "skip":

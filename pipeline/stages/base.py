@@ -145,7 +145,7 @@ class Context:
         b = self.config.backend
         backend: Backend = make_backend(b, self.run_dir.cache_path, self.config.resolve_input)
         self.cache.put_backend(self.served_by_id, self.served_by)
-        budget = make_budget(self.config, self.cache, self.served_by_id)
+        budget = make_budget(self.config, self.cache, self.served_by_id, self.served_by)
         try:
             yield LLMRunner(
                 backend,
