@@ -459,8 +459,8 @@ def test_the_plan_counts_the_prompts_a_dialect_sends_and_the_budget_bounds_them(
     from pipeline.plan import estimate
 
     with StandinServer() as srv:
-        cfg = write_config(tmp_path, srv, input={"limit": 2},
-                           backend={"openai": {"structured_output": "json_object_schema"}})  # fmt: skip
+        llama_cpp_form = {"openai": {"structured_output": "json_object_schema"}}
+        cfg = write_config(tmp_path, srv, input={"limit": 2}, backend=llama_cpp_form)
         assert main(["run", str(cfg), "--no-progress"]) == 0
         config = load_config(cfg)
         plan = estimate(config)
