@@ -445,6 +445,9 @@ class ShardIndex:
     def __len__(self) -> int:
         return len(self._where)
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
     def get(self, value: str) -> list[dict]:
         """The rows of ``value`` (empty when it has none)."""
         where = self._where.get(value)

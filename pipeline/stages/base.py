@@ -75,6 +75,16 @@ class UpstreamIndex:
         """The rows of ``value`` (empty when it has none)."""
         return [self._view(r) for r in self._index.get(value)]
 
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, str) and value in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys, in the order of the shards."""
+        return iter(self._index)
+
 
 @dataclass
 class Context:
