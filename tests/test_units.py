@@ -253,17 +253,19 @@ def test_bm25_scores_equal_rank_bm25():
     check()
 
 
-def test_the_responses_stage_reads_a_finished_rubric_stage_by_offset(tmp_path):
-    """A finished rubrics stage is read through its shard index as each example asks (not
-    held in a dict), and gives the fields a dict of every row gave."""
+def test_finished_upstream_stages_are_read_by_offset_not_held(tmp_path):
+    """The responses stage's rubrics and the judge's questions and rubric items are read
+    through each upstream stage's shard index as an example asks (not held in a dict of
+    every row), and give the fields such a dict gave."""
     from conftest import write_config
     from standin_server import StandinServer
 
     from pipeline.cli import main
     from pipeline.config import load_config
     from pipeline.run import RunDir
-    from pipeline.stages.base import Context
-    from pipeline.stages.responses import ResponseStage, _rubric_fields, _Rubrics
+    from pipeline.stages.base import Context, IndexedFields
+    from pipeline.stages.judge import JudgeStage
+    from pipeline.stages.responses import ResponseStage, _rubric_fields
 
     with StandinServer() as srv:
         cfg = write_config(tmp_path, srv)
@@ -272,10 +274,16 @@ def test_the_responses_stage_reads_a_finished_rubric_stage_by_offset(tmp_path):
     ctx = Context(config=config, run_dir=RunDir(config.run_dir), progress=False)
     stage = ResponseStage()
     lazy = stage.load_rubrics(ctx, stage)
-    assert isinstance(lazy, _Rubrics)
+    assert isinstance(lazy, IndexedFields)
     held = {r["example_id"]: _rubric_fields(r) for r in stage.input_rows(ctx, "rubrics")}
     assert len(held) > 1 and len(lazy) == len(held) and list(lazy) == list(held)
     assert all(lazy[k] == v for k, v in reversed(held.items()))
     assert "no-such-example" not in lazy
     with pytest.raises(KeyError):
         lazy["no-such-example"]
+    # the judge's questions and rubric items, the same way
+    questions, items = JudgeStage().prompt_inputs(ctx)
+    assert isinstance(questions, IndexedFields) and isinstance(items, IndexedFields)
+    ingest = {r["example_id"]: r["question"] for r in stage.input_rows(ctx, "ingest")}
+    assert dict(questions) == ingest
+    assert dict(items) == {k: v["items"] for k, v in held.items()}

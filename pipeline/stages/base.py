@@ -86,6 +86,41 @@ class UpstreamIndex:
         return iter(self._index)
 
 
+class IndexedFields(Mapping[str, Any]):
+    """key -> ``fields(row)`` of an upstream stage's row, read from its shards when asked
+    (through an :class:`UpstreamIndex`), the last ``keep`` kept: what a stage looks up per
+    example without holding every upstream row (``Stage.input_fields``)."""
+
+    def __init__(
+        self, index: UpstreamIndex, fields: Callable[[Mapping[str, Any]], Any], keep: int = 1024
+    ) -> None:
+        self._index = index
+        self._fields = fields
+        self._recent: dict[str, Any] = {}
+        self._keep = keep
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._recent:
+            return self._recent[key]
+        rows = self._index.get(key)
+        if not rows:
+            raise KeyError(key)
+        value = self._fields(rows[-1])  # (one row a key; the last, as a dict of them kept)
+        if len(self._recent) >= self._keep:
+            del self._recent[next(iter(self._recent))]
+        self._recent[key] = value
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
 @dataclass
 class Context:
     """What a stage gets: the config, the run directory and lazily built shared services."""
@@ -291,6 +326,16 @@ class Stage(abc.ABC):
         """An upstream stage's rows by ``key`` (``StageDir.index``), seen through :meth:`view`."""
         view = self.view(stage)
         return UpstreamIndex(self.input_stage(ctx, stage).index(key), view)
+
+    def input_fields(
+        self, ctx: Context, stage: str, fields: Callable[[Mapping[str, Any]], Any]
+    ) -> Mapping[str, Any]:
+        """example_id -> ``fields(row)`` of an upstream stage: from a finished stage read by
+        offset as asked (:class:`IndexedFields`), never all held; only the rows ``prb plan``
+        makes up for a stage not run yet are gathered in a dict."""
+        if ctx.planned_rows is not None and stage in ctx.planned_rows:
+            return {r["example_id"]: fields(r) for r in self.input_rows(ctx, stage)}
+        return IndexedFields(self.input_index(ctx, stage), fields)
 
     def input_stage(self, ctx: Context, stage: str) -> StageDir:
         sd = ctx.run_dir.stage(stage)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,13 +128,20 @@ class JudgeStage(Stage):
 
     @staticmethod
     def memo_key(
-        salt: str, questions: dict[str, str], items: dict[str, list], cands: list[dict]
+        salt: str, questions: Mapping[str, str], items: Mapping[str, list], cands: list[dict]
     ) -> str:
         """The hash of everything one example's row is computed from."""
         ex_id = cands[0]["example_id"]
         h = hashlib.sha256(salt.encode())
         h.update(dumps_sorted([ex_id, questions[ex_id], items[ex_id], cands]))
         return h.hexdigest()
+
+    def prompt_inputs(self, ctx: Context) -> tuple[Mapping[str, str], Mapping[str, list]]:
+        """What prompts need per example, looked up as each is judged (never all held):
+        the question, and the rubric items (id and aspect)."""
+        questions = self.input_fields(ctx, "ingest", _question)
+        items = self.input_fields(ctx, "rubrics", _rubric_items)
+        return questions, items
 
     def expected(self, ctx: Context) -> int:
         return len({r["example_id"] for r in self.input_rows(ctx, "responses")})
@@ -209,12 +216,7 @@ class JudgeStage(Stage):
     async def _run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
         c = ctx.config
         done = out.done_examples()
-        # what prompts need, per example: the question and the rubric items (id, aspect)
-        questions = {e["example_id"]: e["question"] for e in self.input_rows(ctx, "ingest")}
-        items = {
-            r["example_id"]: [{"item_id": i["item_id"], "aspect": i["aspect"]} for i in r["items"]]
-            for r in self.input_rows(ctx, "rubrics")
-        }
+        questions, items = self.prompt_inputs(ctx)
         n_examples = self.expected(ctx) - len(done)
         salt = self.memo_salt(ctx)
 
@@ -322,11 +324,7 @@ class JudgeStage(Stage):
         in the cache; otherwise the first combinations stand in for it (as many pairs, so
         the count is exact; the prompts are estimates). An example whose row is kept whole
         in the cache (the memo) sends none of them."""
-        questions = {e["example_id"]: e["question"] for e in self.input_rows(ctx, "ingest")}
-        items = {
-            r["example_id"]: [{"item_id": i["item_id"], "aspect": i["aspect"]} for i in r["items"]]
-            for r in self.input_rows(ctx, "rubrics")
-        }
+        questions, items = self.prompt_inputs(ctx)
         salt = self.memo_salt(ctx)
         for cands in self._grouped(ctx):
             ex_id = cands[0]["example_id"]
@@ -434,3 +432,11 @@ class JudgeStage(Stage):
                 "templates": {k: load_template(v).provenance() for k, v in TEMPLATES.items()},
             },
         }
+
+
+def _question(row: Mapping[str, Any]) -> str:
+    return row["question"]
+
+
+def _rubric_items(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [{"item_id": i["item_id"], "aspect": i["aspect"]} for i in row["items"]]

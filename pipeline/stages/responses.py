@@ -29,7 +29,7 @@ from pipeline.prompts import PromptTemplate, load_template
 from pipeline.records import ranked_posts
 from pipeline.rules.text import unfinished
 from pipeline.run import StageDir
-from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage, UpstreamIndex
+from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
 
 TEMPLATES = {
@@ -84,39 +84,6 @@ def _rubric_fields(r: Mapping[str, Any]) -> dict[str, Any]:
         "user_id": r["user_id"],
         "items": [{"item_id": it["item_id"], "aspect": it["aspect"]} for it in r["items"]],
     }
-
-
-class _Rubrics(Mapping[str, dict[str, Any]]):
-    """A finished rubrics stage's rows by example_id, read from the shards when asked
-    (an example's own rubric, then its donor's), the last few kept: at 100,000 examples
-    holding them all took about 190 MB."""
-
-    def __init__(self, index: UpstreamIndex, keep: int = 64) -> None:
-        self._index = index
-        self._recent: dict[str, dict[str, Any]] = {}
-        self._keep = keep
-
-    def __getitem__(self, ex_id: str) -> dict[str, Any]:
-        hit = self._recent.get(ex_id)
-        if hit is not None:
-            return hit
-        rows = self._index.get(ex_id)
-        if not rows:
-            raise KeyError(ex_id)
-        fields = _rubric_fields(rows[-1])  # (one row an example; the last, as a dict kept)
-        if len(self._recent) >= self._keep:
-            del self._recent[next(iter(self._recent))]
-        self._recent[ex_id] = fields
-        return fields
-
-    def __contains__(self, ex_id: object) -> bool:
-        return ex_id in self._index
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._index)
-
-    def __len__(self) -> int:
-        return len(self._index)
 
 
 def find_donors(
@@ -252,9 +219,7 @@ class ResponseStage(Stage):
         From a finished rubrics stage they are read as asked, through an index of where
         each sits in the shards, never held all at once; only the rows a plan makes up
         (``prb plan`` before the rubrics stage ran) are gathered in a dict."""
-        if ctx.planned_rows is None or "rubrics" not in ctx.planned_rows:
-            return _Rubrics(stage.input_index(ctx, "rubrics"))
-        return {r["example_id"]: _rubric_fields(r) for r in stage.input_rows(ctx, "rubrics")}
+        return stage.input_fields(ctx, "rubrics", _rubric_fields)
 
     def donors(self, ctx: Context, rubrics: Mapping[str, dict]) -> dict[str, str | None]:
         if "other_user" not in ctx.config.responses.strategies:
