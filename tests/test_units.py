@@ -207,6 +207,24 @@ def test_donors_found_through_the_word_index_score_as_high_as_every_comparison()
     assert all(score(k, indexed[k]) >= score(k, every[k]) for k in by)
 
 
+def test_a_question_with_a_word_of_its_own_still_finds_a_donor():
+    """Every question here has a number only it has (its rarest word, which finds only
+    itself) and topic words more common than the index scans: each must still get a
+    donor of another user (the 100,000-example scale run got none, and silently skipped
+    the other_user strategy for every example)."""
+    topics = ["home brewing", "rock climbing", "budget travel"]
+    pool = [
+        DonorEntry(f"ex{i:04d}", f"u{i % 40}", "A", f"tips for {topics[i % 3]} (station {i})")
+        for i in range(300)
+    ]
+    donors = find_donors(pool, brute_limit=0, candidates=8)
+    by = {e.example_id: e for e in pool}
+    assert all(d is not None and by[d].user_id != by[k].user_id for k, d in donors.items())
+    # the same topic is the most similar question
+    assert all(by[d].question.split("(")[0] == by[k].question.split("(")[0]
+               for k, d in donors.items())  # fmt: skip
+
+
 def test_registry_did_you_mean():
     r = Registry("widget")
     r.register("alpha", "os:getcwd")

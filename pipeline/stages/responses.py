@@ -138,10 +138,14 @@ def find_donors(
             postings.setdefault(t, []).append(i)
     cap = 4 * candidates  # a word this common says little; never scan its whole list
     for i, toks in enumerate(tokens):
+        uid = pool[i].user_id
         chosen: set[int] = set()
         for t in sorted(toks, key=lambda t: len(postings[t])):
             plist = postings[t]
-            if len(plist) > cap and chosen:
+            # stop at a common word only once another user's example is in hand: a word
+            # only this question has (a number, a name) finds nothing but itself, and its
+            # own user's examples cannot be donors
+            if len(plist) > cap and any(users[j] != uid for j in chosen):
                 break
             chosen.update(plist[:cap])
             if len(chosen) >= candidates:
@@ -234,7 +238,7 @@ class ResponseStage(Stage):
         )
         # the search is deterministic: a re-run of this stage reuses its result
         key = content_hash(
-            {"kind": "donors", "version": 1, "brute_limit": DONOR_BRUTE_LIMIT,
+            {"kind": "donors", "version": 2, "brute_limit": DONOR_BRUTE_LIMIT,
              "candidates": DONOR_CANDIDATES, "pool": [list(e.__dict__.values()) for e in pool]}
         )  # fmt: skip
         donors = ctx.cache.get_derived(key)
