@@ -612,17 +612,3 @@ def test_same_model_takes_the_name_or_its_dated_snapshot_only():
     assert not same_model("gpt-4o-mini", "gpt-4o-mini-2024-07")
     assert not same_model("gpt-4o", "gpt-4o-mini-2024-07-18")
     assert not same_model("gpt-4o-mini", None)
-
-
-def test_a_batch_budget_needs_only_the_batch_rates(tmp_path):
-    """run.budget.usd asks for the rates it counts with: in batch mode the batch ones."""
-    from pipeline.errors import ConfigError
-
-    batch_only = [*PRICES[2:], "run.budget.usd=100"]
-    cfg = load_config(SAMPLE_CONFIG, [*batch_only, "backend.openai.batch=true"])
-    assert cfg.run.budget.usd == 100
-    # not in batch mode, the same settings leave the budget without prices
-    with pytest.raises(ConfigError) as err:
-        load_config(SAMPLE_CONFIG, batch_only)
-    assert err.value.field == "run.budget.usd"
-    assert "input_usd_per_million and output_usd_per_million" in str(err.value)

@@ -85,20 +85,14 @@ def check_consistency(cfg: Config, source: str) -> None:
                 path=source,
                 field=f"run.prices.{prefix}{missing}_usd_per_million",
             )
-    if cfg.run.budget.usd is not None:
-        # the rates the budget counts with (pipeline/budget.py): the batch ones where the
-        # backend sends batches and they are given, the standard ones otherwise
-        from pipeline.budget import run_prices
-
-        paid = run_prices(cfg)
-        if paid.input_usd_per_million is None or paid.output_usd_per_million is None:
-            raise ConfigError(
-                "run.budget.usd needs the backend's prices: set run.prices."
-                "input_usd_per_million and output_usd_per_million (in batch mode the "
-                "batch_ rates do)",
-                path=source,
-                field="run.budget.usd",
-            )
+    standard = (prices.input_usd_per_million, prices.output_usd_per_million)
+    if cfg.run.budget.usd is not None and None in standard:
+        raise ConfigError(
+            "run.budget.usd needs the backend's prices: set run.prices.input_usd_per_million "
+            "and output_usd_per_million",
+            path=source,
+            field="run.budget.usd",
+        )
     if r.min_items > r.max_items:
         raise ConfigError(
             f"rubrics.min_items ({r.min_items}) exceeds rubrics.max_items ({r.max_items}); "
