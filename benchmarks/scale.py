@@ -647,6 +647,62 @@ def measure_audit(release: Path, report: Path, logs: Path, max_seconds: float) -
     return res
 
 
+def dedup_steps_main(release: Path, result: Path) -> None:
+    """(In its own process.) The near-duplicate search of ``prb audit`` and the pair
+    stage's near_duplicate filter (``pipeline.dedup.personal_duplicates``), step by step
+    on a release's rows: questions, answers, then who is the same person for the rows in a
+    near-duplicate group; candidate and verified pairs and seconds of each."""
+    import pyarrow.parquet as pq
+
+    from pipeline.dedup import (
+        _components,
+        _UnionFind,
+        near_duplicate_pairs,
+        person_clusters,
+        profile_text,
+    )
+
+    names = ["question", "chosen", "rejected", "user_id", "profile"]
+    rows = pq.read_table(release / "all").select(names).to_pylist()
+    out: dict[str, Any] = {"rows": len(rows)}
+
+    def groups(texts: list[str], name: str, **kw: Any) -> dict[int, list[int]]:
+        stats: dict[str, float] = {}
+        t0 = time.perf_counter()
+        found = near_duplicate_pairs(texts, 95.0, stats=stats, **kw)
+        uf = _UnionFind(len(texts))
+        for i, j, _ in found:
+            uf.union(i, j)
+        out[name] = {"candidate_pairs": int(stats["candidate_pairs"]),
+                     "verified_pairs": len(found),
+                     "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+        return _components(uf, range(len(texts)))
+
+    # the settings personal_duplicates uses for each
+    qcomps = groups([r["question"] for r in rows], "questions", shingle=2, num_perm=128,
+                    bands=32)  # fmt: skip
+    acomps = groups([r[side] for r in rows for side in ("chosen", "rejected")], "answers")
+    involved = sorted({i for m in qcomps.values() for i in m}
+                      | {a // 2 for m in acomps.values() for a in m})  # fmt: skip
+    t0 = time.perf_counter()
+    person_clusters([rows[i]["user_id"] for i in involved],
+                    [profile_text(rows[i]["profile"]) for i in involved])  # fmt: skip
+    out["person_clusters"] = {"rows": len(involved),
+                              "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    result.write_text(json.dumps(out))
+
+
+def measure_dedup_steps(release: Path, logs: Path, max_seconds: float) -> dict[str, Any]:
+    result = logs / "dedup-steps.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--dedup-steps", str(release),
+           "--result", str(result)]  # fmt: skip
+    res = run_child(cmd, logs / "dedup-steps.log", max_seconds, cli_env())
+    if res["returncode"] == 0 and result.exists():
+        res.update(json.loads(result.read_text()))
+    res["status"] = status_of(res)
+    return res
+
+
 def run_stage(
     cfg: Path, run_dir: Path, stage: str, logs: Path, tag: str, max_seconds: float
 ) -> dict[str, Any]:
@@ -765,6 +821,9 @@ def measure_size(args: argparse.Namespace, size: int, work: Path) -> dict[str, A
             if commands["publish"]["status"] == "ok":
                 commands["audit"] = measure_audit(release, report, logs, args.max_seconds)
                 say(size, "cmd", "audit", commands["audit"])
+                steps = measure_dedup_steps(release, logs, args.max_seconds)
+                commands["dedup_steps"] = steps
+                say(size, "cmd", "dedup", steps)
         if entry["status"] == "ok" and not args.skip_rerun:
             entry["cached_rerun"] = cached_rerun(args, cfg, run_dir, logs, stages)
     entry["server"] = {"description": server.description, **server.usage}
@@ -1214,6 +1273,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     # internal: the bare client, run by this script in its own process
     ap.add_argument("--bare-client", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--dedup-steps", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -1225,6 +1285,9 @@ def main(argv: list[str] | None = None) -> None:
     apply_smoke(args, sizes="30,60", max_seconds=300.0, bare_max_requests=500)
     if args.bare_client:
         bare_client_main(args)
+        return
+    if args.dedup_steps:
+        dedup_steps_main(args.dedup_steps, Path(args.result))
         return
     # imported after the bare-client branch (which must not need the pipeline package) and
     # before any measurement, so a broken import fails at once rather than after the run
@@ -1328,6 +1391,8 @@ def build_result(
             f"{PLAN_TOKENS_PER_SECOND:g}` before the run (no run directory yet), its estimate "
             "per LLM stage over what the run sent (against_run); publish: `prb publish RUN "
             "--out RELEASE` after the first run; audit: `prb audit RELEASE --out REPORT`; "
+            "dedup_steps: the near-duplicate search audit and the pair stage run "
+            "(pipeline.dedup.personal_duplicates) step by step on the release's rows; "
             "each one subprocess, measured as a stage is",
         },
         "max_seconds_per_stage": args.max_seconds,

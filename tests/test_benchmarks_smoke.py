@@ -55,6 +55,10 @@ def _scale(r: dict[str, Any]) -> None:
         assert set(cmds["plan"]["against_run"]) == {"responses", "judge"}
         assert cmds["publish"]["status"] == "ok" and cmds["publish"]["rows"] > 0
         assert cmds["audit"]["pairs"] == cmds["publish"]["rows"]
+        steps = cmds["dedup_steps"]
+        assert steps["status"] == "ok" and steps["rows"] == cmds["publish"]["rows"]
+        assert steps["questions"]["candidate_pairs"] >= steps["questions"]["verified_pairs"]
+        assert steps["person_clusters"]["rows"] <= steps["rows"]
     assert r["sizes"][-1]["stages"]["judge"]["bare"]["every"] > 1  # the sample was taken
     (g,) = r["growth"]
     assert set(g["stages"]) >= {"ingest", "pairs", "plan", "publish", "audit"}
