@@ -146,8 +146,8 @@ class Dialect:
         return [one]
 
     def note_for_schema(self) -> bool:
-        """Whether a request with a schema gets text in its prompt (every kind but
-        json_schema; strict only where the schema has limits strict mode cannot carry)."""
+        """Whether a request with a schema may get text in its prompt: every kind but
+        json_schema (strict only where its schema has limits strict mode cannot carry)."""
         return self.structured_output != "json_schema"
 
     def note(self, req: ChatRequest) -> str:
