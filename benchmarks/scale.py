@@ -649,46 +649,21 @@ def measure_audit(release: Path, report: Path, logs: Path, max_seconds: float) -
 
 def dedup_steps_main(release: Path, result: Path) -> None:
     """(In its own process.) The near-duplicate search of ``prb audit`` and the pair
-    stage's near_duplicate filter (``pipeline.dedup.personal_duplicates``), step by step
-    on a release's rows: questions, answers, then who is the same person for the rows in a
-    near-duplicate group; candidate and verified pairs and seconds of each."""
+    stage's near_duplicate filter (``pipeline.dedup.personal_duplicates``, its own ``stats``),
+    step by step on a release's rows: questions and answers (candidate and verified pairs),
+    then who is the same person within each near-duplicate group (groups, rows); seconds of
+    each."""
     import pyarrow.parquet as pq
 
-    from pipeline.dedup import (
-        _components,
-        _UnionFind,
-        near_duplicate_pairs,
-        person_clusters,
-        profile_text,
-    )
+    from pipeline.dedup import personal_duplicates
 
     names = ["question", "chosen", "rejected", "user_id", "profile"]
     rows = pq.read_table(release / "all").select(names).to_pylist()
-    out: dict[str, Any] = {"rows": len(rows)}
-
-    def groups(texts: list[str], name: str, **kw: Any) -> dict[int, list[int]]:
-        stats: dict[str, float] = {}
-        t0 = time.perf_counter()
-        found = near_duplicate_pairs(texts, 95.0, stats=stats, **kw)
-        uf = _UnionFind(len(texts))
-        for i, j, _ in found:
-            uf.union(i, j)
-        out[name] = {"candidate_pairs": int(stats["candidate_pairs"]),
-                     "verified_pairs": len(found),
-                     "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
-        return _components(uf, range(len(texts)))
-
-    # the settings personal_duplicates uses for each
-    qcomps = groups([r["question"] for r in rows], "questions", shingle=2, num_perm=128,
-                    bands=32)  # fmt: skip
-    acomps = groups([r[side] for r in rows for side in ("chosen", "rejected")], "answers")
-    involved = sorted({i for m in qcomps.values() for i in m}
-                      | {a // 2 for m in acomps.values() for a in m})  # fmt: skip
+    steps: dict[str, Any] = {}
     t0 = time.perf_counter()
-    person_clusters([rows[i]["user_id"] for i in involved],
-                    [profile_text(rows[i]["profile"]) for i in involved])  # fmt: skip
-    out["person_clusters"] = {"rows": len(involved),
-                              "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    drops = personal_duplicates(rows, keys=[str(k) for k in range(len(rows))], stats=steps)
+    out = {"rows": len(rows), **steps, "dropped": len(drops),
+           "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
     result.write_text(json.dumps(out))
 
 

@@ -58,7 +58,7 @@ def near_duplicate_pairs(
     num_perm: int = 64,
     bands: int = 16,
     seed: int = 0,
-    max_bucket: int = 1000,
+    max_bucket: int = 50,
     window: int = 20,
     stats: dict[str, float] | None = None,
     scorer: Callable[..., float] = fuzz.token_set_ratio,
@@ -67,13 +67,22 @@ def near_duplicate_pairs(
 
     Only pairs that share an LSH bucket are scored, so recall is probabilistic (see the note on
     bands and rows below); every pair returned has been verified. A bucket with more than
-    ``max_bucket`` members (boilerplate repeated thousands of times) would give a quadratic number
-    of candidates, so its members are ordered by their whole signature, which puts identical
-    signatures next to each other, and each is compared only with the next ``window`` members.
-    Such a cluster is then not listed pair by pair, but it stays connected through chains of
-    pairs, which is what ``duplicate_groups`` needs. Sorted by ``(i, j)``; the same input, seed
-    and parameters always give the same output. If ``stats`` is given it receives the counts
-    ``candidate_pairs`` and ``verified_pairs`` and the seconds spent per step (``*_s``).
+    ``max_bucket`` members (texts written from one template, boilerplate repeated thousands of
+    times) would give a quadratic number of candidates, so it is split by the next band: its
+    members stay candidates only of those that also share that band, and so on until every
+    piece is small. That bounds the candidates per text by ``max_bucket`` per band whatever the
+    size of the set, and keeps the pairs that matter: near-duplicates agree on most bands, and
+    so stay together through the splits. Members that agree on every band (identical
+    signatures) are ordered by their whole signature and each is compared only with the next
+    ``window`` members: such a cluster is then not listed pair by pair, but it stays connected
+    through chains of pairs, which is what ``duplicate_groups`` needs. What splitting costs in
+    recall on templated texts, where buckets are large:
+    tests/test_dedup.py::test_oversized_buckets_are_split_keeping_recall; what it saves from
+    1,000 to 100,000 examples: ``commands.dedup_steps`` in benchmarks/results/scale.json
+    (docs/scale.md). Sorted by ``(i, j)``;
+    the same input, seed and parameters always give the same output. If ``stats`` is given it
+    receives the counts ``candidate_pairs`` and ``verified_pairs`` and the seconds spent per
+    step (``*_s``).
     ``scorer`` verifies the candidates (a rapidfuzz scorer; default token_set_ratio).
     """
     if not 0.0 <= threshold <= 100.0:
@@ -293,40 +302,61 @@ def _candidates(
     """
     rows = signature.shape[0] // bands
     size = docs.size
-    # Order inside a bucket: by a hash of the whole signature, so that in an oversized bucket
-    # identical texts sit next to each other and the sliding window chains them together.
+    # Order inside a bucket: by a hash of the whole signature, so that identical texts sit next
+    # to each other and the last resort's sliding window chains them together.
     whole = np.zeros(size, dtype=np.uint64)
     for row in signature:
         whole = _mix64(whole * _GOLDEN ^ row)
-    codes = []
+    keys = np.empty((bands, size), dtype=np.uint64)
     for band in range(bands):
         key = np.zeros(size, dtype=np.uint64)
         for row in signature[band * rows : (band + 1) * rows]:
             # 64-bit key per band; a rare collision only adds a candidate that verify rejects.
             key = _mix64(key * _GOLDEN ^ row)
-        order = np.lexsort((whole, key))
-        key = key[order]
-        members = docs[order]
-        new = np.empty(size, dtype=bool)
-        new[0] = True
-        np.not_equal(key[1:], key[:-1], out=new[1:])
-        run_start = np.flatnonzero(new)
-        run_len = np.diff(np.append(run_start, size))
-        run_of = np.cumsum(new) - 1
-        # How many following members each member is paired with: all of its bucket, or only
-        # `window` of them when the bucket is oversized.
-        after = run_start[run_of] + run_len[run_of] - 1 - np.arange(size)
-        reach = np.where(run_len[run_of] > max_bucket, np.minimum(after, window), after)
-        active = np.flatnonzero(reach)
-        step = 1
-        while active.size:
-            i, j = members[active], members[active + step]
-            codes.append(np.minimum(i, j) * n + np.maximum(i, j))
-            active = active[reach[active] > step]
-            step += 1
+        keys[band] = key
+    codes: list[np.ndarray] = []
+    for band in range(bands):
+        at = np.arange(size)  # positions (into docs) of the members still being split
+        key = keys[band]
+        for depth in range(bands):
+            order = np.lexsort((whole[at], key))
+            at, key = at[order], key[order]
+            count = at.size
+            new = np.empty(count, dtype=bool)
+            new[0] = True
+            np.not_equal(key[1:], key[:-1], out=new[1:])
+            run_start = np.flatnonzero(new)
+            run_len = np.diff(np.append(run_start, count))
+            run_of = np.cumsum(new) - 1
+            bucket = run_len[run_of]
+            small = bucket <= max_bucket
+            # How many following members each member is paired with: all of its bucket when it
+            # is small; none when oversized (it is split further below), except at the last
+            # depth, where every band agrees and `window` neighbours chain the cluster together.
+            after = run_start[run_of] + bucket - 1 - np.arange(count)
+            last = depth == bands - 1
+            reach = np.where(small, after, np.minimum(after, window) if last else 0)
+            _bucket_pairs(docs[at], reach, n, codes)
+            if last or small.all():
+                break
+            # An oversized bucket is split by the next band: its members stay paired only with
+            # those that also share that band, so each split needs twice the agreement.
+            at, key = at[~small], key[~small]
+            key = _mix64(key * _GOLDEN ^ keys[(band + depth + 1) % bands][at])
     if not codes:
         return np.empty(0, dtype=np.int64)
     return np.unique(np.concatenate(codes))
+
+
+def _bucket_pairs(members: np.ndarray, reach: np.ndarray, n: int, out: list[np.ndarray]) -> None:
+    """Append the codes of each member paired with the next ``reach[k]`` members."""
+    active = np.flatnonzero(reach)
+    step = 1
+    while active.size:
+        i, j = members[active], members[active + step]
+        out.append(np.minimum(i, j) * n + np.maximum(i, j))
+        active = active[reach[active] > step]
+        step += 1
 
 
 def _verify(
@@ -445,9 +475,31 @@ def person_clusters(
         texts = list(first_text)
         # token_sort_ratio, not token_set_ratio: two people who share one post of several
         # are not one person, and token_set_ratio scores containment as identity
-        for a, b, _ in near_duplicate_pairs(texts, threshold, scorer=fuzz.token_sort_ratio):
+        for a, b, _ in _similar_pairs(texts, threshold, fuzz.token_sort_ratio):
             uf.union(first_text[texts[a]], first_text[texts[b]])
     return [uf.find(i) for i in range(n)]
+
+
+# Up to this many texts are compared all against all (at most 2,016 pairs); more go through LSH.
+_ALL_PAIRS_UP_TO = 64
+
+
+def _similar_pairs(
+    texts: Sequence[str], threshold: float, scorer: Callable[..., float]
+) -> list[tuple[int, int, float]]:
+    """:func:`near_duplicate_pairs` with ``scorer``, but a handful of texts are compared every
+    pair against every pair (exact, and cheaper than hashing them); both normalise alike."""
+    if len(texts) > _ALL_PAIRS_UP_TO:
+        return near_duplicate_pairs(texts, threshold, scorer=scorer)
+    normalised = [" ".join(default_process(t).split()) for t in texts]
+    pairs = []
+    for i in range(len(texts)):
+        for j in range(i + 1, len(texts)):
+            if normalised[i] and normalised[j]:
+                score = float(scorer(normalised[i], normalised[j]))
+                if score >= threshold:
+                    pairs.append((i, j, score))
+    return pairs
 
 
 def personal_duplicates(
@@ -457,6 +509,7 @@ def personal_duplicates(
     profile_threshold: float = 90.0,
     *,
     keys: Sequence[str] | None = None,
+    stats: dict[str, Any] | None = None,
 ) -> dict[str, Duplicate]:
     """Examples to drop from a personalized set, mapped to why; the smallest
     ``example_id`` of each group is kept.
@@ -476,9 +529,15 @@ def personal_duplicates(
       chosen that is another user's rejected is a wanted contrast; the same two answers
       with the same winner for two users test the same thing twice.
 
+    If ``stats`` is given it receives, per step, what it did and its seconds: ``questions``
+    and ``answers`` (candidate and verified pairs), ``persons`` (near-duplicate groups and
+    the rows in them, whose profiles are compared).
+
     Near-duplicate texts are found over the whole set (MinHash LSH, then connected
-    components); who is the same person is then decided only for the rows in those
-    components, so profiles are compared for a handful of rows, not for the whole set.
+    components); who is the same person is then decided within each component, between
+    its own rows only, so profiles are compared a few at a time, never across the whole set
+    (two user ids are one person when their profiles near-duplicate each other directly, or
+    through another row of the same component).
     """
     n = len(rows)
     ids = [str(r["example_id"]) for r in rows] if keys is None else list(keys)
@@ -491,34 +550,63 @@ def personal_duplicates(
     # Questions are short (12-20 words): 2-word shingles and more bands keep recall of
     # one- and two-word edits high (about 1.00 / 0.89 on synthetic questions, measured
     # while building this module) at a small cost.
+    stats = {} if stats is None else stats
+    clock = time.perf_counter()
+
+    def step(name: str, counts: dict[str, float], **more: int) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        stats[name] = {
+            **{k: int(counts[k]) for k in ("candidate_pairs", "verified_pairs") if k in counts},
+            **more,
+            "seconds": round(now - clock, 3),
+        }
+        clock = now
+
+    found: dict[str, float] = {}
     quf = _UnionFind(n)
     for i, j, _ in near_duplicate_pairs(
-        [r["question"] for r in rows], question_threshold, shingle=2, num_perm=128, bands=32
+        [r["question"] for r in rows],
+        question_threshold,
+        shingle=2,
+        num_perm=128,
+        bands=32,
+        stats=found,
     ):
         quf.union(i, j)
     qcomps = _components(quf, range(n))
+    step("questions", found)
 
     texts = [r[side] for r in rows for side in ("chosen", "rejected")]
     auf = _UnionFind(len(texts))
-    for a, b, _ in near_duplicate_pairs(texts, answer_threshold):
+    for a, b, _ in near_duplicate_pairs(texts, answer_threshold, stats=found):
         auf.union(a, b)
     acomps = _components(auf, range(len(texts)))
+    step("answers", found)
+    compared = [0, 0]  # groups, rows
 
-    involved = sorted(
-        {i for m in qcomps.values() for i in m} | {a // 2 for m in acomps.values() for a in m}
-    )
-    sub = person_clusters(
-        [rows[i].get("user_id") for i in involved],
-        [profile_text(rows[i].get("profile")) for i in involved],
-        profile_threshold,
-    )
-    person = {i: sub[k] for k, i in enumerate(involved)}
+    profiles: dict[int, str | None] = {}
+
+    def persons(members: Sequence[int]) -> dict[int, int]:
+        """Who among these rows is one person (see :func:`person_clusters`)."""
+        compared[0] += 1
+        compared[1] += len(members)
+        for i in members:
+            if i not in profiles:
+                profiles[i] = profile_text(rows[i].get("profile"))
+        labels = person_clusters(
+            [rows[i].get("user_id") for i in members],
+            [profiles[i] for i in members],
+            profile_threshold,
+        )
+        return dict(zip(members, labels, strict=True))
 
     def earliest(members: Iterable[int]) -> int:
         return min(members, key=lambda i: ids[i])
 
     # questions: within one component, group by person
     for members in qcomps.values():
+        person = persons(members)
         by_person: dict[int, list[int]] = {}
         for i in members:
             by_person.setdefault(person[i], []).append(i)
@@ -532,10 +620,13 @@ def personal_duplicates(
     # answers of one person: an answer shared by two examples (either side)
     sides = ("chosen", "rejected")
     for members in acomps.values():
+        live = [a for a in members if ids[a // 2] not in drops]
+        if len({a // 2 for a in live}) < 2:
+            continue
+        person = persons(sorted({a // 2 for a in live}))
         by_person_a: dict[int, list[int]] = {}
-        for a in members:
-            if ids[a // 2] not in drops:
-                by_person_a.setdefault(person[a // 2], []).append(a)
+        for a in live:
+            by_person_a.setdefault(person[a // 2], []).append(a)
         for answers in by_person_a.values():
             if len({a // 2 for a in answers}) < 2:
                 continue
@@ -545,6 +636,8 @@ def personal_duplicates(
                 i = a // 2
                 if i != kept and ids[i] not in drops:
                     drops[ids[i]] = Duplicate("answer", ids[kept], sides[a % 2], kept_side)
+
+    step("persons", {}, groups=compared[0], rows=compared[1])
 
     # across persons: both answers repeat another example's pair, on the same sides
     comp = {a: root for root, m in acomps.items() for a in m}

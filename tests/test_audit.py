@@ -40,6 +40,7 @@ def crafted(n: int, biased: bool, seed: int = 1) -> list[dict]:
     """Pairs in the reference schema. biased: every chosen is the rejected plus 15-30
     words; balanced: both sides drawn from the same length distribution."""
     rng = random.Random(seed)
+    posts = random.Random(seed + 1000)  # its own stream: the pairs stay what they were
     rows = []
     for i in range(n):
         q = f"How should I plan my {rng.choice(VOCAB)} this {rng.choice(VOCAB)}?"
@@ -53,8 +54,9 @@ def crafted(n: int, biased: bool, seed: int = 1) -> list[dict]:
                 "id": f"ex-{i}",
                 "question": q,
                 # one user per row: distinct profiles (a shared profile would make every
-                # row the same person, and repeated questions their duplicates)
-                "profile": [{"id": f"p{i}", "category": "Cat", "text": f"past post {i}"}],
+                # row the same person, and repeated questions their duplicates); not
+                # "past post 3" / "past post 4", which token_sort_ratio scores 91
+                "profile": [{"id": f"p{i}", "category": "Cat", "text": _text(posts, 12)}],
                 "rubric_aspects": [{"aspect": "a", "evidence": "e", "reason": "r"}],
                 "narrative": "why I ask",
                 "category": "Alpha" if i % 3 else "Beta",

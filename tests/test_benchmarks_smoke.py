@@ -58,7 +58,9 @@ def _scale(r: dict[str, Any]) -> None:
         steps = cmds["dedup_steps"]
         assert steps["status"] == "ok" and steps["rows"] == cmds["publish"]["rows"]
         assert steps["questions"]["candidate_pairs"] >= steps["questions"]["verified_pairs"]
-        assert steps["person_clusters"]["rows"] <= steps["rows"]
+        assert steps["answers"]["candidate_pairs"] >= steps["answers"]["verified_pairs"]
+        assert steps["persons"]["rows"] >= 2 * steps["persons"]["groups"]
+        assert 0 <= steps["dropped"] <= steps["rows"]
     assert r["sizes"][-1]["stages"]["judge"]["bare"]["every"] > 1  # the sample was taken
     (g,) = r["growth"]
     assert set(g["stages"]) >= {"ingest", "pairs", "plan", "publish", "audit"}

@@ -195,11 +195,50 @@ def test_oversized_bucket_is_windowed_but_stays_one_group():
     docs, _ = _corpus(30, seed=4)
     boiler = "I am sorry, but I cannot help with that request today."
     texts = [_render(d) for d in docs] + [boiler] * 60
-    every = near_duplicate_pairs(texts)
+    every = near_duplicate_pairs(texts, max_bucket=60)
     assert len(every) == 60 * 59 // 2  # a bucket of 60 <= max_bucket: all pairs listed
     capped = near_duplicate_pairs(texts, max_bucket=10, window=3)
     assert 0 < len(capped) <= 60 * 3  # sliding window: at most `window` pairs per member
     assert duplicate_groups(texts, max_bucket=10, window=3) == [list(range(30, 90))]
+
+
+def _templated(n: int, seed: int) -> list[str]:
+    """Questions written from three templates with four 10-word slots and two free words:
+    buckets of hundreds of members that share a template, as a generated set has."""
+    rng = np.random.default_rng(seed)
+    vocab = _vocab(rng, 400)
+    templates = [
+        "How do I get started with {a} {b} when I only have {c} {d} free?",
+        "What is the best way to stay motivated with {a} {b} given {c} {d}?",
+        "Any advice on {a} {b} for someone with {c} {d} and little else?",
+    ]
+    pools = [vocab[k * 10 : (k + 1) * 10] for k in range(4)]
+    texts = []
+    for _ in range(n):
+        slots = {s: pool[int(rng.integers(10))] for s, pool in zip("abcd", pools, strict=True)}
+        tail = " ".join(rng.choice(vocab[40:], 2).tolist())
+        texts.append(templates[int(rng.integers(3))].format(**slots) + " " + tail)
+    return texts
+
+
+def test_oversized_buckets_are_split_keeping_recall():
+    """2,000 templated questions, brute force at 90 (337 pairs): without splitting (one huge
+    max_bucket) LSH finds 0.94 of them from 208k candidates; split at 50 it finds 0.91 from
+    75k, and the pairs it finds are verified ones."""
+    texts = _templated(2000, seed=7)
+    norm = [" ".join(default_process(t).split()) for t in texts]
+    scores = process.cdist(norm, norm, scorer=fuzz.token_set_ratio, workers=-1)
+    brute = {(int(i), int(j)) for i, j in zip(*np.nonzero(scores >= 90.0), strict=True) if i < j}
+    kw = {"shingle": 2, "num_perm": 128, "bands": 32}
+    whole: dict[str, float] = {}
+    unsplit = {
+        (i, j) for i, j, _ in near_duplicate_pairs(texts, max_bucket=10**9, stats=whole, **kw)
+    }
+    split: dict[str, float] = {}
+    found = {(i, j) for i, j, _ in near_duplicate_pairs(texts, max_bucket=50, stats=split, **kw)}
+    assert found <= brute and unsplit <= brute
+    assert split["candidate_pairs"] < 0.5 * whole["candidate_pairs"]
+    assert len(found) >= 0.95 * len(unsplit), (len(found), len(unsplit), len(brute))
 
 
 def test_groups_are_connected_components():
@@ -311,6 +350,19 @@ def test_many_users_one_question_none_dropped_and_a_repeat_found():
     drops = personal_duplicates([*rows, again])
     assert list(drops) == ["e99999"]
     assert drops["e99999"] == Duplicate("question", "e00700")
+
+
+def test_one_person_under_two_ids_is_found_within_its_group():
+    """Profiles are compared between the rows of one near-duplicate group: a user who asks
+    again under a new id with the same posts is the same person; another user asking the
+    same question, with their own posts, is not."""
+    rows = _rows_same_question(40, seed=5)
+    twin = {**rows[12], "example_id": "e90000", "user_id": "u-new-account"}
+    twin["chosen"] = "Keep it in the fridge and feed it once a week."
+    drops = personal_duplicates([*rows, twin])
+    assert drops == {"e90000": Duplicate("question", "e00012")}
+    stranger = {**twin, "profile": _render(_corpus(1, seed=99)[0][0])}
+    assert personal_duplicates([*rows, stranger]) == {}
 
 
 def test_personal_duplicates_answer_and_pair_rules():
