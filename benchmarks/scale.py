@@ -667,6 +667,36 @@ def dedup_steps_main(release: Path, result: Path) -> None:
     result.write_text(json.dumps(out))
 
 
+def donor_search_main(data: Path, result: Path) -> None:
+    """(In its own process.) The responses stage's donor search for other_user
+    (``pipeline.stages.responses.find_donors``) on a size's input questions, timed alone:
+    part of that stage's first run and of ``prb plan`` (the cache keeps its result after)."""
+    from pipeline.stages.responses import DonorEntry, find_donors
+
+    pool = []
+    with open(data, encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            pool.append(DonorEntry(row["id"], row["user_id"], row["category"], row["question"]))
+    t0 = time.perf_counter()
+    donors = find_donors(pool)
+    seconds = time.perf_counter() - t0
+    out = {"examples": len(pool), "seconds": round(seconds, 3),
+           "without_donor": sum(d is None for d in donors.values())}  # fmt: skip
+    result.write_text(json.dumps(out))
+
+
+def measure_donor_search(data: Path, logs: Path, max_seconds: float) -> dict[str, Any]:
+    result = logs / "donor-search.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--donor-search", str(data),
+           "--result", str(result)]  # fmt: skip
+    res = run_child(cmd, logs / "donor-search.log", max_seconds, cli_env())
+    if res["returncode"] == 0 and result.exists():
+        res.update(json.loads(result.read_text()))
+    res["status"] = status_of(res)
+    return res
+
+
 def measure_dedup_steps(release: Path, logs: Path, max_seconds: float) -> dict[str, Any]:
     result = logs / "dedup-steps.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--dedup-steps", str(release),
@@ -799,6 +829,10 @@ def measure_size(args: argparse.Namespace, size: int, work: Path) -> dict[str, A
                 steps = measure_dedup_steps(release, logs, args.max_seconds)
                 commands["dedup_steps"] = steps
                 say(size, "cmd", "dedup", steps)
+            commands["donor_search"] = measure_donor_search(
+                sdir / "synthetic_lamp.jsonl", logs, args.max_seconds
+            )
+            say(size, "cmd", "donors", commands["donor_search"])
         if entry["status"] == "ok" and not args.skip_rerun:
             entry["cached_rerun"] = cached_rerun(args, cfg, run_dir, logs, stages)
     entry["server"] = {"description": server.description, **server.usage}
@@ -1249,6 +1283,7 @@ def main(argv: list[str] | None = None) -> None:
     # internal: the bare client, run by this script in its own process
     ap.add_argument("--bare-client", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--dedup-steps", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--donor-search", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--stage", help=argparse.SUPPRESS)
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -1263,6 +1298,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.dedup_steps:
         dedup_steps_main(args.dedup_steps, Path(args.result))
+        return
+    if args.donor_search:
+        donor_search_main(args.donor_search, Path(args.result))
         return
     # imported after the bare-client branch (which must not need the pipeline package) and
     # before any measurement, so a broken import fails at once rather than after the run

@@ -61,6 +61,9 @@ def _scale(r: dict[str, Any]) -> None:
         assert steps["answers"]["candidate_pairs"] >= steps["answers"]["verified_pairs"]
         assert steps["persons"]["rows"] >= 2 * steps["persons"]["groups"]
         assert 0 <= steps["dropped"] <= steps["rows"]
+        donors = cmds["donor_search"]
+        assert donors["status"] == "ok" and donors["examples"] == size["examples"]
+        assert donors["without_donor"] == 0 and donors["seconds"] >= 0
     assert r["sizes"][-1]["stages"]["judge"]["bare"]["every"] > 1  # the sample was taken
     (g,) = r["growth"]
     assert set(g["stages"]) >= {"ingest", "pairs", "plan", "publish", "audit"}
