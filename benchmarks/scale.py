@@ -686,22 +686,15 @@ def donor_search_main(data: Path, result: Path) -> None:
     result.write_text(json.dumps(out))
 
 
-def measure_donor_search(data: Path, logs: Path, max_seconds: float) -> dict[str, Any]:
-    result = logs / "donor-search.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--donor-search", str(data),
+def measure_child(flag: str, target: Path, logs: Path, max_seconds: float) -> dict[str, Any]:
+    """Run this script's ``flag`` mode (``--donor-search``, ``--dedup-steps``) on ``target``
+    in its own process: its figures (written to ``logs/<mode>.json``) with its time and
+    memory."""
+    name = flag.removeprefix("--")
+    result = logs / f"{name}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), flag, str(target),
            "--result", str(result)]  # fmt: skip
-    res = run_child(cmd, logs / "donor-search.log", max_seconds, cli_env())
-    if res["returncode"] == 0 and result.exists():
-        res.update(json.loads(result.read_text()))
-    res["status"] = status_of(res)
-    return res
-
-
-def measure_dedup_steps(release: Path, logs: Path, max_seconds: float) -> dict[str, Any]:
-    result = logs / "dedup-steps.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--dedup-steps", str(release),
-           "--result", str(result)]  # fmt: skip
-    res = run_child(cmd, logs / "dedup-steps.log", max_seconds, cli_env())
+    res = run_child(cmd, logs / f"{name}.log", max_seconds, cli_env())
     if res["returncode"] == 0 and result.exists():
         res.update(json.loads(result.read_text()))
     res["status"] = status_of(res)
@@ -826,11 +819,11 @@ def measure_size(args: argparse.Namespace, size: int, work: Path) -> dict[str, A
             if commands["publish"]["status"] == "ok":
                 commands["audit"] = measure_audit(release, report, logs, args.max_seconds)
                 say(size, "cmd", "audit", commands["audit"])
-                steps = measure_dedup_steps(release, logs, args.max_seconds)
+                steps = measure_child("--dedup-steps", release, logs, args.max_seconds)
                 commands["dedup_steps"] = steps
                 say(size, "cmd", "dedup", steps)
-            commands["donor_search"] = measure_donor_search(
-                sdir / "synthetic_lamp.jsonl", logs, args.max_seconds
+            commands["donor_search"] = measure_child(
+                "--donor-search", sdir / "synthetic_lamp.jsonl", logs, args.max_seconds
             )
             say(size, "cmd", "donors", commands["donor_search"])
         if entry["status"] == "ok" and not args.skip_rerun:

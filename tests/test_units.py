@@ -172,28 +172,37 @@ def test_donors_are_other_users_with_similar_questions():
     assert donors["c"] != "c"
 
 
-def test_donors_found_through_the_word_index_score_as_high_as_every_comparison():
-    """Above DONOR_BRUTE_LIMIT each question is scored only against the examples that
-    share its rarest words; on 1,500 questions built from templates, topics and details
-    (made here) the donor so found scores as high as comparing every pair finds."""
+def _donor_pool(templates: list[str], users: int, numbered: bool = False) -> list[DonorEntry]:
+    """1,500 questions made here from ``templates`` with a topic ``{t}`` and a detail
+    ``{d}``, asked by ``users`` users in categories A-C; ``numbered``: each ends in a
+    number only it has."""
     import random
 
-    from rapidfuzz import fuzz
-
     rng = random.Random(0)
-    templates = ["how do I get better at {t}", "what should I know before starting {t}",
-                 "best way to learn {t} on a budget", "tips for {t} with {d}",
-                 "is {t} worth it if I have {d}", "how to plan {t} around {d}"]  # fmt: skip
     topics = ["watercolor painting", "marathon training", "home brewing", "rock climbing",
               "budget travel", "sourdough baking", "chess openings", "vegetable gardening",
               "woodworking", "photography", "retirement saving", "learning spanish"]  # fmt: skip
     details = ["little time", "a small apartment", "two kids", "a tight budget", "a bad knee",
                "no experience", "a full-time job", "a noisy neighbour"]  # fmt: skip
-    pool = [
-        DonorEntry(f"ex{i:05d}", f"u{rng.randrange(400)}", rng.choice("ABC"),
-                   rng.choice(templates).format(t=rng.choice(topics), d=rng.choice(details)))
+    return [
+        DonorEntry(f"ex{i:05d}", f"u{rng.randrange(users)}", rng.choice("ABC"),
+                   rng.choice(templates).format(t=rng.choice(topics), d=rng.choice(details))
+                   + (f" (case {i})" if numbered else ""))
         for i in range(1500)
     ]  # fmt: skip
+
+
+def test_donors_found_through_the_word_index_score_as_high_as_every_comparison():
+    """Above DONOR_BRUTE_LIMIT each question is scored only against the examples that
+    share its rarest words; on 1,500 questions built from templates, topics and details
+    (made here) the donor so found scores as high as comparing every pair finds."""
+
+    from rapidfuzz import fuzz
+
+    templates = ["how do I get better at {t}", "what should I know before starting {t}",
+                 "best way to learn {t} on a budget", "tips for {t} with {d}",
+                 "is {t} worth it if I have {d}", "how to plan {t} around {d}"]  # fmt: skip
+    pool = _donor_pool(templates, users=400)
     every = find_donors(pool, brute_limit=10**9)
     indexed = find_donors(pool, brute_limit=0)
     by = {e.example_id: e for e in pool}
@@ -232,25 +241,13 @@ def test_donors_of_questions_with_words_of_their_own_stay_close_to_every_compari
     examples of the word instead). Measured: its donor scores within the same-category
     bonus (10) of comparing every pair on every question, 0.18 below on average (taking
     the word's first 128 examples: 0.15, comparing 4 times as many)."""
-    import random
 
     from rapidfuzz import fuzz
 
-    rng = random.Random(0)
     templates = ["how do I get better at {t} with {d}", "best way to learn {t} on {d}",
                  "what should I know before starting {t} given {d}", "tips for {t} with {d}",
                  "is {t} worth it if I have {d}", "how to plan {t} around {d}"]  # fmt: skip
-    topics = ["watercolor painting", "marathon training", "home brewing", "rock climbing",
-              "budget travel", "sourdough baking", "chess openings", "vegetable gardening",
-              "woodworking", "photography", "retirement saving", "learning spanish"]  # fmt: skip
-    details = ["little time", "a small apartment", "two kids", "a tight budget", "a bad knee",
-               "no experience", "a full-time job", "a noisy neighbour"]  # fmt: skip
-    pool = [
-        DonorEntry(f"ex{i:05d}", f"u{rng.randrange(375)}", rng.choice("ABC"),
-                   rng.choice(templates).format(t=rng.choice(topics), d=rng.choice(details))
-                   + f" (case {i})")
-        for i in range(1500)
-    ]  # fmt: skip
+    pool = _donor_pool(templates, users=375, numbered=True)
     every = find_donors(pool, brute_limit=10**9)
     indexed = find_donors(pool, brute_limit=0, candidates=32)
     by = {e.example_id: e for e in pool}
