@@ -17,7 +17,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,78 @@ CREATE TABLE IF NOT EXISTS backends (
     created REAL NOT NULL
 );
 """
+# The ledger's totals per (stage, served_by), added to as answers are stored (put_many),
+# so that reading them is a few rows, not a scan of every stored request (at 100,000
+# examples the scan read 16 GB after every LLM stage). ``ledger_state.covered`` is the
+# largest responses rowid they count: totals behind the table (a cache written by an
+# older version) are seen, and recomputed by _LEDGER_SCAN, which defines them.
+_LEDGER_DDL = (
+    "CREATE TABLE IF NOT EXISTS ledger (stage TEXT NOT NULL, served_by TEXT, "
+    "answers INTEGER NOT NULL, choices INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, "
+    "completion_tokens INTEGER NOT NULL, reasks INTEGER NOT NULL, first REAL, last REAL)",
+    "CREATE TABLE IF NOT EXISTS ledger_state (covered INTEGER NOT NULL)",
+)
+_LEDGER_COLUMNS = (
+    "stage",
+    "served_by",
+    "answers",
+    "choices",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasks",
+    "first",
+    "last",
+)
+_ASSISTANT_TURN = '"role":"assistant"'
+# what the stored answers add up to, from their rows: the definition the kept totals follow
+_LEDGER_SCAN = (
+    "SELECT stage, json_extract(request, '$.served_by'), COUNT(*), "
+    "COALESCE(SUM(json_array_length(response, '$.choices')), 0), "
+    "COALESCE(SUM(json_extract(response, '$.prompt_tokens')), 0), "
+    "COALESCE(SUM(json_extract(response, '$.completion_tokens')), 0), "
+    f"COALESCE(SUM(instr(request, '{_ASSISTANT_TURN}') > 0 "
+    "OR COALESCE(json_extract(request, '$.reask'), 0) > 0), 0), MIN(created), MAX(created) "
+    "FROM responses {where} GROUP BY 1, 2 ORDER BY 1, 2"
+)
+
+
+def _ledger_adds(request: dict[str, Any], request_text: str, response: dict[str, Any]) -> tuple:
+    """(choices, prompt tokens, completion tokens, re-asks) that one stored answer adds to
+    its ledger row: _LEDGER_SCAN's sums for that one row, from what put_many stores."""
+    choices = response.get("choices")
+    reask = _ASSISTANT_TURN in request_text or (request.get("reask") or 0) > 0
+    return (
+        len(choices) if isinstance(choices, list) else 0,
+        int(response.get("prompt_tokens") or 0),
+        int(response.get("completion_tokens") or 0),
+        int(reask),
+    )
+
+
+def _max_rowid(db: sqlite3.Connection) -> int:
+    return db.execute("SELECT COALESCE(MAX(rowid), 0) FROM responses").fetchone()[0]
+
+
+def _ledger_covered(db: sqlite3.Connection) -> int | None:
+    """The responses rowid the kept totals count up to; None without them."""
+    try:
+        row = db.execute("SELECT covered FROM ledger_state").fetchone()
+    except sqlite3.OperationalError:  # a cache from before the totals were kept
+        return None
+    return row[0] if row else None
+
+
+def _rebuild_ledger(db: sqlite3.Connection) -> None:
+    """Compute the kept totals from every stored answer (one scan), in the caller's
+    transaction."""
+    for ddl in _LEDGER_DDL:
+        db.execute(ddl)
+    db.execute("DELETE FROM ledger")
+    db.execute("DELETE FROM ledger_state")
+    db.execute(f"INSERT INTO ledger({', '.join(_LEDGER_COLUMNS)}) {_LEDGER_SCAN.format(where='')}")
+    db.execute("INSERT INTO ledger_state(covered) VALUES (?)", (_max_rowid(db),))
+
+
 # Reasons of answers that arrived but stayed invalid after their re-asks.
 INVALID_PREFIX = "invalid_json"
 _LOOKUP_CHUNK = 900  # below SQLite's default limit of 999 bound parameters
@@ -101,6 +173,10 @@ class RequestCache:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.executescript(_SCHEMA)
+                if _ledger_covered(self._db) is None and _max_rowid(self._db) == 0:
+                    # a new cache keeps its totals from its first answer; an older one
+                    # has them computed when they are first read (one scan)
+                    self._rebuild_ledger()
 
     @contextlib.contextmanager
     def _guard(self, action: str) -> Iterator[None]:
@@ -149,14 +225,24 @@ class RequestCache:
                 out.extend(self._db.execute(sql.format(marks=",".join("?" * len(chunk))), chunk))
         return out
 
-    def _commit(self, sql: str, rows: Sequence[tuple[Any, ...]], label: str) -> None:
+    def _commit(
+        self,
+        sql: str,
+        rows: Sequence[tuple[Any, ...]],
+        label: str,
+        then: Callable[[int], None] | None = None,
+    ) -> None:
         """``executemany`` in one transaction, durable (against a killed process) on return;
-        failpoints before and after it."""
+        failpoints before and after it. ``then(rowid)``: more writes in the same
+        transaction, given the largest rowid of ``sql``'s table before it ran."""
         with self._guard("write"):
             crash_point(f"before {label}")
-            self._db.execute("BEGIN")
+            self._db.execute("BEGIN IMMEDIATE")
             try:
+                before = _max_rowid(self._db) if then is not None else 0
                 self._db.executemany(sql, rows)
+                if then is not None:
+                    then(before)
                 self._db.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -190,26 +276,68 @@ class RequestCache:
             return
         now = time.time()
         rows = []
+        adds: dict[str, tuple[str, Any, tuple]] = {}  # key -> (stage, served_by, adds)
         for item in items:
             req, res, stage = item[:3]
             request = req.to_dict()
             if len(item) > 3 and item[3]:
                 request["reask"] = item[3]
-            rows.append(
-                (
-                    req.key,
-                    stage,
-                    dumps(request).decode("utf-8"),
-                    dumps(res.to_dict()).decode("utf-8"),
-                    now,
-                )
+            request_text = dumps(request).decode("utf-8")
+            response = res.to_dict()
+            rows.append((req.key, stage, request_text, dumps(response).decode("utf-8"), now))
+            # INSERT OR IGNORE keeps a key's first row: so do the totals
+            adds.setdefault(
+                req.key,
+                (stage, request.get("served_by"), _ledger_adds(request, request_text, response)),
             )
+
+        def count(before: int) -> None:
+            self._add_to_ledger(before, adds, now)
+
         self._commit(
             "INSERT OR IGNORE INTO responses(key, stage, request, response, created) "
             "VALUES (?,?,?,?,?)",
             rows,
             "cache commit",
+            then=count,
         )
+
+    def _add_to_ledger(
+        self, before: int, adds: dict[str, tuple[str, Any, tuple]], now: float
+    ) -> None:
+        """Add the answers stored above rowid ``before`` to the kept totals, when those
+        counted every answer up to it; otherwise leave them behind (ledger() recomputes)."""
+        if _ledger_covered(self._db) != before:
+            return
+        after = _max_rowid(self._db)
+        if after == before:
+            return
+        stored: Iterable[str] = adds.keys()
+        if after - before != len(adds):  # some keys were there already
+            stored = {
+                k
+                for (k,) in self._db.execute("SELECT key FROM responses WHERE rowid > ?", (before,))
+            }
+        groups: dict[tuple[str, Any], list[int]] = {}
+        for key in stored:
+            stage, served_by, (choices, prompt, completion, reask) = adds[key]
+            total = groups.setdefault((stage, served_by), [0, 0, 0, 0, 0])
+            for i, v in enumerate((1, choices, prompt, completion, reask)):
+                total[i] += v
+        for (stage, served_by), (n, choices, prompt, completion, reasks) in groups.items():
+            updated = self._db.execute(
+                "UPDATE ledger SET answers = answers + ?, choices = choices + ?, "
+                "prompt_tokens = prompt_tokens + ?, completion_tokens = completion_tokens + ?, "
+                "reasks = reasks + ?, first = MIN(first, ?), last = MAX(last, ?) "
+                "WHERE stage = ? AND served_by IS ?",
+                (n, choices, prompt, completion, reasks, now, now, stage, served_by),
+            ).rowcount
+            if not updated:
+                self._db.execute(
+                    f"INSERT INTO ledger({', '.join(_LEDGER_COLUMNS)}) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (stage, served_by, n, choices, prompt, completion, reasks, now, now),
+                )
+        self._db.execute("UPDATE ledger_state SET covered = ?", (after,))
 
     # ---- what answered -------------------------------------------------------------
     # Every request carries the id of the backend that answers it (ChatRequest.served_by);
@@ -319,35 +447,34 @@ class RequestCache:
         i.e. an assistant turn: the stages' templates have none) and the first and last
         answer's time. Answers that never validated are not stored, so they are missing
         here; failures are in :meth:`counts_by_stage`. ``stage``: that stage's only."""
-        sql = (
-            "SELECT stage, json_extract(request, '$.served_by'), COUNT(*), "
-            "SUM(json_array_length(response, '$.choices')), "
-            "SUM(json_extract(response, '$.prompt_tokens')), "
-            "SUM(json_extract(response, '$.completion_tokens')), "
-            'SUM(instr(request, \'"role":"assistant"\') > 0 '
-            "OR COALESCE(json_extract(request, '$.reask'), 0) > 0), MIN(created), MAX(created) "
-            f"FROM responses {'WHERE stage = ?' if stage is not None else ''} GROUP BY 1, 2"
-        )
-        cols = (
-            "stage",
-            "served_by",
-            "answers",
-            "choices",
-            "prompt_tokens",
-            "completion_tokens",
-            "reasks",
-            "first",
-            "last",
-        )
         with self._guard("read"):
-            rows = self._db.execute(sql, () if stage is None else (stage,)).fetchall()
-        return [
-            {
-                c: (v if v is not None or c in ("served_by", "first", "last") else 0)
-                for c, v in zip(cols, r, strict=True)
-            }
-            for r in rows
-        ]
+            rows = self._ledger_rows(stage)
+        return [dict(zip(_LEDGER_COLUMNS, r, strict=True)) for r in rows]
+
+    def _ledger_rows(self, stage: str | None) -> list[tuple[Any, ...]]:
+        """The kept totals when they count every stored answer; otherwise they are
+        recomputed (a writable cache: one scan, kept after) or the scan is the answer
+        (read-only)."""
+        db = self._db
+        if _ledger_covered(db) != _max_rowid(db):
+            if self.readonly:
+                where, args = ("WHERE stage = ?", (stage,)) if stage is not None else ("", ())
+                return db.execute(_LEDGER_SCAN.format(where=where), args).fetchall()
+            self._rebuild_ledger()
+        sql = f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM ledger"
+        if stage is not None:
+            return db.execute(f"{sql} WHERE stage = ? ORDER BY 1, 2", (stage,)).fetchall()
+        return db.execute(f"{sql} ORDER BY 1, 2").fetchall()
+
+    def _rebuild_ledger(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            _rebuild_ledger(self._db)
+            self._db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            raise
 
     def prompt_sample(self, served_by: str, limit: int = 500) -> list[tuple[str, int]]:
         """(request JSON, prompt tokens) of up to ``limit`` first-attempt answers of one
@@ -433,6 +560,9 @@ def repair_cache(path: str | Path) -> dict[str, Any]:
             start += step
     if src is not None:
         src.close()
+    dst.execute("BEGIN")
+    _rebuild_ledger(dst)
+    dst.execute("COMMIT")
     dst.close()
     damaged = path.with_name(f"{path.name}.damaged-{stamp}")
     os.replace(path, damaged)

@@ -322,6 +322,15 @@ class Stage(abc.ABC):
             return map(view, ctx.planned_rows[stage])
         return map(view, self.input_stage(ctx, stage).rows())
 
+    def input_count(self, ctx: Context, stage: str) -> int:
+        """How many rows an upstream stage holds: a finished stage's manifest counts them
+        (nothing is read); the rows ``prb plan`` makes up are counted."""
+        if ctx.planned_rows is not None and stage in ctx.planned_rows:
+            return sum(1 for _ in self.input_rows(ctx, stage))
+        marker = self.input_stage(ctx, stage).marker()
+        assert marker is not None  # input_stage: the stage is done
+        return marker.rows
+
     def input_index(self, ctx: Context, stage: str, key: str = "example_id") -> UpstreamIndex:
         """An upstream stage's rows by ``key`` (``StageDir.index``), seen through :meth:`view`."""
         view = self.view(stage)

@@ -88,7 +88,7 @@ class PairStage(Stage):
         }
 
     def expected(self, ctx: Context) -> int:
-        return sum(1 for _ in self.input_rows(ctx, "judge"))
+        return self.input_count(ctx, "judge")  # one row per example
 
     @staticmethod
     def rules(ctx: Context) -> Rules:

@@ -266,7 +266,7 @@ class ResponseStage(Stage):
         }
 
     def expected(self, ctx: Context) -> int:
-        return sum(1 for _ in self.input_rows(ctx, "rubrics"))
+        return self.input_count(ctx, "rubrics")  # one row per example
 
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
         return asyncio.run(self._run(ctx, out))

@@ -155,7 +155,7 @@ class RubricStage(Stage):
         return rubric_schema(r.min_items, r.max_items, r.sampling.max_tokens)
 
     def expected(self, ctx: Context) -> int:
-        return sum(1 for _ in self.input_rows(ctx, "ingest"))
+        return self.input_count(ctx, "ingest")  # one row per example
 
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
         done = out.done_examples()
