@@ -544,12 +544,19 @@ def llm_totals(stats: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def rows_digest(stage_dir: Path) -> str:
-    """A digest of the stage's data lines as a set (the order rows finish in may vary)."""
+# the server a row's provenance records asking (served_by.asked.url): the stand-in's port
+_SERVER_URL = re.compile(rb"http://127\.0\.0\.1:\d+/v1")
+
+
+def rows_digest(stage_dir: Path, mask_url: bool = False) -> str:
+    """A digest of the stage's data lines as a set (the order rows finish in may vary);
+    ``mask_url``: with the stand-in's URL masked (a re-run against a server started again)."""
     lines: list[bytes] = []
     for p in sorted(stage_dir.glob("data-*.jsonl")):
         with open(p, "rb") as fh:
-            lines.extend(hashlib.sha256(line).digest() for line in fh)
+            for line in fh:
+                line = _SERVER_URL.sub(b"URL", line) if mask_url else line
+                lines.append(hashlib.sha256(line).digest())
     lines.sort()
     h = hashlib.sha256()
     for d in lines:
@@ -876,6 +883,47 @@ def cached_rerun(
     out["status"] = "ok"
     out["seconds"] = res["wall_s"]
     out["time_vs_first_run"] = round(res["wall_s"] / sum(s["wall_s"] for s in first.values()), 3)
+    return out
+
+
+def rerun_kept(args: argparse.Namespace) -> dict[str, Any]:
+    """A cached re-run, with the code checked out now, of a size a run kept (``--keep``):
+    ``--rerun-kept WORKDIR/scale-*/nSIZE``, the run's figures in ``--out``. First the ledger
+    scan the code before 2319a82 did after each LLM stage, timed alone (read-only), and the
+    totals the cache now keeps computed (once for a cache an older version wrote); then
+    :func:`cached_rerun` against a stand-in started again, its rows also compared with the
+    server's URL masked (each answer's provenance records it, and the port is new)."""
+    from pipeline.cache import _LEDGER_SCAN, RequestCache
+
+    sdir = args.rerun_kept.resolve()
+    size = int(sdir.name.removeprefix("n"))
+    run = json.loads(args.out.read_text())
+    first = next((s for s in run.get("sizes", []) if s["examples"] == size), None)
+    if first is None or first.get("status") != "ok":
+        raise SystemExit(f"{args.out}: no finished size {size} to compare the re-run with")
+    run_dir = sdir / "outputs" / f"scale-{size}"
+    cache = run_dir / "cache.sqlite"
+    out: dict[str, Any] = {"examples": size, "ledger_scan_seconds": {}}
+    with contextlib.closing(sqlite3.connect(f"file:{cache}?mode=ro", uri=True)) as db:
+        for stage in LLM_STAGES:
+            t = time.perf_counter()
+            db.execute(_LEDGER_SCAN.format(where="WHERE stage = ?"), (stage,)).fetchall()
+            out["ledger_scan_seconds"][stage] = round(time.perf_counter() - t, 2)
+    t = time.perf_counter()
+    with RequestCache(cache) as c:
+        c.ledger()
+    out["ledger_kept_seconds"] = round(time.perf_counter() - t, 2)
+    masked = {s: rows_digest(run_dir / s, mask_url=True) for s in STAGES}
+    logs = sdir / "logs-rerun-kept"
+    logs.mkdir(exist_ok=True)
+    with Server(sdir, args.server) as server:
+        cfg = write_config(sdir, f"scale-{size}", sdir / "synthetic_lamp.jsonl", server.base_url,
+                           args.concurrency)  # fmt: skip
+        out["cached_rerun"] = cached_rerun(args, cfg, run_dir, logs, first["stages"])
+    if out["cached_rerun"]["status"] == "ok":
+        out["rows_identical_with_the_url_masked"] = {
+            s: rows_digest(run_dir / s, mask_url=True) == masked[s] for s in STAGES
+        }
     return out
 
 
@@ -1266,6 +1314,14 @@ def main(argv: list[str] | None = None) -> None:
         "copied --copies times, then pairs, publish and audit are measured on the copies; "
         "written under 'replicated' in --out, the rest of --out kept",
     )
+    ap.add_argument(
+        "--rerun-kept",
+        type=Path,
+        help="instead of the sizes: a size folder a run kept (WORKDIR/scale-*/nSIZE) whose "
+        "figures are in --out; a cached re-run of it with the code checked out now, and the "
+        "ledger scan the code before 2319a82 did, timed alone; written under 'rerun_kept' in "
+        "--out, the rest of --out kept",
+    )
     ap.add_argument("--copies", default="10,30", help="with --replicate: comma-separated")
     ap.add_argument(
         "--pairs-only",
@@ -1307,6 +1363,14 @@ def main(argv: list[str] | None = None) -> None:
     if not sizes or min(sizes) < 1:
         ap.error("--sizes: give at least one positive size")
     args.size_list = sizes
+    if args.rerun_kept:
+        rerun = rerun_kept(args)
+        result = json.loads(args.out.read_text())
+        result["rerun_kept"] = {**rerun, "command": run_metadata().get("command"),
+                                "timestamp": run_metadata().get("timestamp")}  # fmt: skip
+        write_json(args.out, result)
+        print(f"\nwrote {args.out}")
+        return
     if args.replicate:
         args.copies = [int(c) for c in args.copies.split(",") if c.strip()]
         if args.workdir:

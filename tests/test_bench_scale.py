@@ -52,7 +52,7 @@ def test_synthetic_input_has_the_described_shape(tmp_path):
 
 
 def test_scale_benchmark_writes_sane_figures(tmp_path):
-    d = _run(tmp_path, "--sizes", str(N), "--max-seconds", "240")
+    d = _run(tmp_path, "--sizes", str(N), "--max-seconds", "240", "--keep")
     for key in ("benchmark", "data", "workload", "server", "method", "sizes", "growth"):
         assert key in d
     assert {"cpu_count", "python", "platform"} <= set(d["machine"])
@@ -88,6 +88,17 @@ def test_scale_benchmark_writes_sane_figures(tmp_path):
         if name in expected:
             assert st["all_cached"] is True
             assert st["llm"]["cached"] == expected[name] and st["llm"]["sent"] == 0
+
+    # the kept size re-run by hand's way: a new stand-in (a new port), the scan timed
+    (kept,) = tmp_path.glob(f"scale-*/n{N}")
+    again = _run(tmp_path, "--rerun-kept", str(kept))
+    assert again["sizes"] == d["sizes"]  # the run's figures kept beside it
+    r = again["rerun_kept"]
+    assert r["examples"] == N and set(r["ledger_scan_seconds"]) == set(expected)
+    assert r["cached_rerun"]["status"] == "ok"
+    for name in expected:
+        assert r["cached_rerun"]["stages"][name]["all_cached"] is True
+    assert r["rows_identical_with_the_url_masked"] == dict.fromkeys(STAGES, True)
 
 
 def test_a_stage_past_its_budget_is_recorded_as_timed_out(tmp_path):
