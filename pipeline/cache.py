@@ -114,6 +114,20 @@ def _ledger_covered(db: sqlite3.Connection) -> int | None:
     return row[0] if row else None
 
 
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction on an autocommit connection: committed on leaving, rolled back
+    on any exception (a killed process leaves the last commit, SQLite's journal sees to it)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise
+
+
 def _rebuild_ledger(db: sqlite3.Connection) -> None:
     """Compute the kept totals from every stored answer (one scan), in the caller's
     transaction."""
@@ -176,7 +190,8 @@ class RequestCache:
                 if _ledger_covered(self._db) is None and _max_rowid(self._db) == 0:
                     # a new cache keeps its totals from its first answer; an older one
                     # has them computed when they are first read (one scan)
-                    self._rebuild_ledger()
+                    with _transaction(self._db):
+                        _rebuild_ledger(self._db)
 
     @contextlib.contextmanager
     def _guard(self, action: str) -> Iterator[None]:
@@ -237,17 +252,11 @@ class RequestCache:
         transaction, given the largest rowid of ``sql``'s table before it ran."""
         with self._guard("write"):
             crash_point(f"before {label}")
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
+            with _transaction(self._db):
                 before = _max_rowid(self._db) if then is not None else 0
                 self._db.executemany(sql, rows)
                 if then is not None:
                     then(before)
-                self._db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    self._db.execute("ROLLBACK")
-                raise
             crash_point(f"after {label}")
 
     # ---- answers -------------------------------------------------------------------
@@ -460,21 +469,12 @@ class RequestCache:
             if self.readonly:
                 where, args = ("WHERE stage = ?", (stage,)) if stage is not None else ("", ())
                 return db.execute(_LEDGER_SCAN.format(where=where), args).fetchall()
-            self._rebuild_ledger()
+            with _transaction(db):
+                _rebuild_ledger(db)
         sql = f"SELECT {', '.join(_LEDGER_COLUMNS)} FROM ledger"
         if stage is not None:
             return db.execute(f"{sql} WHERE stage = ? ORDER BY 1, 2", (stage,)).fetchall()
         return db.execute(f"{sql} ORDER BY 1, 2").fetchall()
-
-    def _rebuild_ledger(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            _rebuild_ledger(self._db)
-            self._db.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("ROLLBACK")
-            raise
 
     def prompt_sample(self, served_by: str, limit: int = 500) -> list[tuple[str, int]]:
         """(request JSON, prompt tokens) of up to ``limit`` first-attempt answers of one
@@ -560,9 +560,8 @@ def repair_cache(path: str | Path) -> dict[str, Any]:
             start += step
     if src is not None:
         src.close()
-    dst.execute("BEGIN")
-    _rebuild_ledger(dst)
-    dst.execute("COMMIT")
+    with _transaction(dst):
+        _rebuild_ledger(dst)
     dst.close()
     damaged = path.with_name(f"{path.name}.damaged-{stamp}")
     os.replace(path, damaged)
