@@ -377,12 +377,15 @@ def _verify(
     longer one.
     """
     pairs: list[tuple[int, int, float]] = []
+    if codes.size == 0:
+        return pairs
+    texts = _prepared(normalised, codes, n, scorer)
     for lo in range(0, codes.size, _VERIFY_CHUNK):
         chunk = codes[lo : lo + _VERIFY_CHUNK]
         first, second = (chunk // n).tolist(), (chunk % n).tolist()
         scores = process.cpdist(
-            [normalised[i] for i in first],
-            [normalised[j] for j in second],
+            [texts[i] for i in first],
+            [texts[j] for j in second],
             scorer=scorer,
             # No score_cutoff: with one, rapidfuzz 3.14 returned 0 for a pair scoring exactly
             # the cutoff (test_threshold_is_inclusive), and even for cutoff - 1e-6; we want
@@ -393,6 +396,37 @@ def _verify(
         hits = np.flatnonzero(scores >= threshold)
         pairs.extend((first[h], second[h], float(scores[h])) for h in hits)
     return pairs
+
+
+def _sorted_words(text: str) -> str:
+    return " ".join(sorted(text.split()))
+
+
+def _sorted_distinct_words(text: str) -> str:
+    return " ".join(sorted(set(text.split())))
+
+
+# what each scorer reads of a text, written out once per text (see _prepared)
+_PREPARE: dict[Callable[..., float], Callable[[str], str]] = {
+    fuzz.token_sort_ratio: _sorted_words,
+    fuzz.token_set_ratio: _sorted_distinct_words,
+}
+
+
+def _prepared(
+    normalised: list[str], codes: np.ndarray, n: int, scorer: Callable[..., float]
+) -> list[str] | dict[int, str]:
+    """The texts the candidates are scored on, each written once in the form ``scorer``
+    reaches anyway: its sorted words for token_sort_ratio, its sorted distinct words for
+    token_set_ratio (which read a text only as that list, resp. set, of words, so the score
+    is the same, and a text in several candidates is split and sorted once instead of once
+    per candidate: 1.4x less time verifying the answers of 33,749 released pairs); any other
+    scorer gets the normalised texts as they are."""
+    prepare = _PREPARE.get(scorer)
+    if prepare is None:
+        return normalised
+    used = np.unique(np.concatenate((codes // n, codes % n))).tolist()
+    return {k: prepare(normalised[k]) for k in used}
 
 
 # ---- near-duplicates in a personalized benchmark -------------------------------------------

@@ -19,6 +19,7 @@ from pipeline.dedup import (
     _minhash,
     _shingle_hashes,
     _tokenize,
+    _verify,
     drop_later_duplicates,
     duplicate_groups,
     near_duplicate_pairs,
@@ -284,6 +285,29 @@ def test_threshold_is_inclusive():
     assert 90 <= score < 100
     assert near_duplicate_pairs(texts, threshold=score) == [(0, 1, score)]
     assert near_duplicate_pairs(texts, threshold=min(100.0, score + 0.01)) == []
+
+
+@pytest.mark.parametrize(
+    "scorer", [fuzz.token_set_ratio, fuzz.token_sort_ratio, fuzz.ratio, fuzz.partial_ratio]
+)
+def test_verify_scores_are_the_scorers_own_on_the_texts(scorer):
+    """_verify writes each text once in the form its scorer reads (sorted, or sorted distinct
+    words); the scores must be exactly the scorer's on the normalised texts: repeated words,
+    words in another order, case, punctuation and one-word texts included."""
+    rng = np.random.default_rng(3)
+    vocab = ["alpha", "beta", "Beta", "gamma,", "delta", "x", "épée", "2", "b2", "zeta-eta"]
+    texts = [
+        " ".join(rng.choice(vocab, size=int(rng.integers(1, 12))).tolist()) for _ in range(60)
+    ]
+    texts += ["beta beta beta alpha", "alpha beta", "Alpha, BETA!", "", "   "]
+    n = len(texts)
+    _, _, normalised = _tokenize(texts)
+    codes = np.array([i * n + j for i in range(n) for j in range(i + 1, n)], dtype=np.int64)
+    got = {(i, j): score for i, j, score in _verify(codes, n, normalised, 0.0, scorer)}
+    assert len(got) == codes.size  # threshold 0 keeps every candidate
+    for i in range(n):
+        for j in range(i + 1, n):
+            assert got[i, j] == float(scorer(normalised[i], normalised[j])), (texts[i], texts[j])
 
 
 @pytest.mark.parametrize(
