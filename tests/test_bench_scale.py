@@ -145,3 +145,41 @@ def test_replicated_pairs_publish_as_that_many_distinct_rows(tmp_path):
     )
     result = publish(None, dst, out_dir=tmp_path / "release")
     assert result["rows"] == 3 * kept
+
+
+def test_targets_are_also_judged_at_the_largest_size_alone():
+    """Start-up weighs on the smallest size's rate and re-run share: the targets are checked
+    on every size, and under ``at_largest`` on the largest one (growth: the step into it)."""
+    scale = _load_scale()
+
+    def size(n, responses, rerun):
+        return {
+            "examples": n,
+            "status": "ok",
+            "stages": {
+                "responses": {"ratio_vs_bare": responses, "peak_rss_bytes": 100},
+                "judge": {"ratio_vs_bare": 1.3, "peak_rss_bytes": 200},
+            },
+            "commands": {"audit": {"peak_rss_bytes": 300}},
+            "cached_rerun": {"time_vs_first_run": rerun, "peak_rss_bytes": 50},
+        }
+
+    sizes = [size(1000, 0.74, 0.12), size(100000, 0.95, 0.08)]
+    grow = [
+        {"from": 1000, "to": 10000, "stages": {"audit": {"growth": 1.3}}},
+        {"from": 10000, "to": 100000, "stages": {"audit": {"growth": 1.1}}},
+    ]
+    t = scale.targets(sizes, grow)
+    assert [t[k]["met"] for k in ("ratio_vs_bare", "growth", "cached_rerun_vs_first")] == [
+        False,
+        False,
+        False,
+    ]
+    top = t["at_largest"]
+    assert top["examples"] == 100000
+    assert top["ratio_vs_bare"]["values"] == {"100000/responses": 0.95, "100000/judge": 1.3}
+    assert top["growth"]["worst_stage"] == {"10000->100000": 1.1}
+    assert top["peak_rss_bytes"]["values"] == {100000: 300}
+    assert all(top[k]["met"] is True for k in top if k != "examples")
+    # one size measured: nothing more to say
+    assert "at_largest" not in scale.targets(sizes[:1], [])
