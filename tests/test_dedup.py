@@ -296,9 +296,7 @@ def test_verify_scores_are_the_scorers_own_on_the_texts(scorer):
     words in another order, case, punctuation and one-word texts included."""
     rng = np.random.default_rng(3)
     vocab = ["alpha", "beta", "Beta", "gamma,", "delta", "x", "épée", "2", "b2", "zeta-eta"]
-    texts = [
-        " ".join(rng.choice(vocab, size=int(rng.integers(1, 12))).tolist()) for _ in range(60)
-    ]
+    texts = [" ".join(rng.choice(vocab, size=int(rng.integers(1, 12))).tolist()) for _ in range(60)]
     texts += ["beta beta beta alpha", "alpha beta", "Alpha, BETA!", "", "   "]
     n = len(texts)
     _, _, normalised = _tokenize(texts)
