@@ -420,8 +420,9 @@ def _prepared(
     reaches anyway: its sorted words for token_sort_ratio, its sorted distinct words for
     token_set_ratio (which read a text only as that list, resp. set, of words, so the score
     is the same, and a text in several candidates is split and sorted once instead of once
-    per candidate: 1.4x less time verifying the answers of 33,749 released pairs); any other
-    scorer gets the normalised texts as they are."""
+    per candidate: the answers of 33,749 released pairs verified in 10.0 s instead of 12.5 s,
+    ``dedup_verify_before_after`` in benchmarks/results/scale.json); any other scorer gets
+    the normalised texts as they are."""
     prepare = _PREPARE.get(scorer)
     if prepare is None:
         return normalised
