@@ -107,10 +107,12 @@ def build_requests(k: int, n: int, max_tokens: int) -> list[tuple[ChatRequest, s
                     "free",
                 )
             )
-        c_schema, c_tokens = schemas.coverage_schema([it["item_id"] for it in items], 1024, 300)
+        c_schema, c_tokens = schemas.coverage_schema(len(items), 1024, 300)
+        keys = schemas.coverage_keys(len(items))
+        points = [{"key": k, "aspect": it["aspect"]} for k, it in zip(keys, items, strict=True)]
         judge = [
             ("judge_quality", {"answer": JUDGED_ANSWER}, q_schema, 1024),
-            ("judge_coverage", {"answer": JUDGED_ANSWER, "items": items}, c_schema, c_tokens),
+            ("judge_coverage", {"answer": JUDGED_ANSWER, "items": points}, c_schema, c_tokens),
             (
                 "judge_pairwise_blind",
                 {"answer_a": JUDGED_ANSWER, "answer_b": JUDGED_OTHER},
@@ -130,6 +132,7 @@ def build_requests(k: int, n: int, max_tokens: int) -> list[tuple[ChatRequest, s
                         max_tokens=tokens,
                         n=1,
                         seed=0,
+                        # as the stages send it to llama.cpp: with its string bounds
                         json_schema=schema,
                     ),
                     "json",

@@ -296,7 +296,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from standin_server import StandinServer
 
-ITEM = re.compile(r"^- id (\\S+):", re.M)
+ITEM = re.compile(r"^- (?:id )?(\\S+?):", re.M)
 
 
 def coverage(body, index):

@@ -24,6 +24,19 @@ text), e.g. the 7B-shaped folder ``../shared/gpu/make_dummy_7b.py`` writes::
         [--requests 1500] [--n 2] [--max-tokens 128] [--chunk-sizes 256,1024,4096] \\
         [--repeats 3] [--max-num-seqs 512] [--out benchmarks/results/vllm_throughput.json]
 
+``--stage judge`` measures the judge instead: its real requests (quality, coverage and
+both pairwise verdicts, rendered from ``prompts/judge_*.j2`` over synthetic answers, each
+with the JSON schema the stage sends, ``schemas.wire``) through the backend (``LLMRunner``
+with the stage's validators, re-asks off so the request count is fixed) and through raw
+``LLM.chat`` with the same schemas, against raw unconstrained ``LLM.chat`` on the same
+prompts with the same ``max_tokens`` and ``ignore_eos`` (no grammar at all): the
+constrained rate over the unconstrained one, in output tokens per second, is what the
+grammar engine costs. ``--bounded-requests K`` adds K requests with the full schemas
+(every rationale's ``maxLength``: what the stage sent before), measured last::
+
+    python benchmarks/vllm_throughput.py --stage judge --model /root/m7b --load-format dummy \
+        [--requests 512] [--max-tokens 384] [--bounded-requests 48]
+
 Writes the JSON (device name, versions, engine arguments, per-variant seconds, req/s,
 output tokens/s, backend/raw ratios) and prints a table.
 """
@@ -48,16 +61,18 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from pipeline import schemas  # noqa: E402
 from pipeline.backends.settings import BackendSection  # noqa: E402
 from pipeline.backends.settings import VLLMSettings as VLLMSection  # noqa: E402
 from pipeline.cache import RequestCache  # noqa: E402
 from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.io import write_json_atomic  # noqa: E402
-from pipeline.llm import Answer, LLMRunner  # noqa: E402
+from pipeline.llm import Answer, Job, LLMRunner  # noqa: E402
 from pipeline.prompts import load_template  # noqa: E402
 from pipeline.stages.responses import derive_seed  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "vllm_throughput.json"
+DEFAULT_JUDGE_OUT = ROOT / "benchmarks" / "results" / "vllm_judge.json"
 SYNTHETIC_NOTE = "synthetic benchmark data (benchmarks/vllm_throughput.py); not from LaMP-QA"
 TEMPERATURE, TOP_P, WORD_CAP = 0.8, 0.95, 100
 TOPICS = [
@@ -104,6 +119,55 @@ def build_requests(model: str, n_requests: int, users: int, n: int, max_tokens: 
     return requests
 
 
+JUDGE_ANSWER = (
+    "Start with {topic} for ten minutes a day, keep a short log of what you tried, and change "
+    "one thing a week. Ask someone who has done it for a second opinion, and plan around the "
+    "hours you really have. Answer {k}."
+)
+
+
+def build_judge_requests(
+    model: str, n_requests: int, users: int, max_tokens: int, bounded: bool = False
+) -> list[tuple[ChatRequest, dict[str, Any]]]:
+    """``n_requests`` (request, full schema) pairs shaped like the judge stage's: per
+    example a quality and a coverage verdict for two answers, then the pair's rubric-aware
+    and rubric-blind verdicts in both orders. Sent with ``schemas.wire`` of the schema, or
+    the full schema itself with ``bounded``."""
+    t = {k: load_template(f"judge_{k}") for k in ("quality", "coverage")}
+    t["aware"] = load_template("judge_pairwise_aware")
+    t["blind"] = load_template("judge_pairwise_blind")
+    q_schema = schemas.quality_schema(max_tokens)
+    p_schema = schemas.pairwise_schema(max_tokens)
+    c_schema, c_tokens = schemas.coverage_schema(3, max_tokens)
+    out: list[tuple[ChatRequest, dict[str, Any]]] = []
+    example = 0
+    while len(out) < n_requests:
+        user = example % users
+        topic = TOPICS[user % len(TOPICS)]
+        question = f"Question {example // users} from user {user}: how do I get better at {topic}?"
+        aspects = [f"Fits the answer to {topic} (point {j}) for user {user}" for j in range(3)]
+        points = [{"key": k, "aspect": a}
+                  for k, a in zip(schemas.coverage_keys(3), aspects, strict=True)]  # fmt: skip
+        answers = [JUDGE_ANSWER.format(topic=topic, k=f"{example}-{i}") for i in range(2)]
+        asks: list[tuple[Any, dict[str, Any], int]] = []
+        for a in answers:
+            asks.append((t["quality"].render(question=question, answer=a), q_schema, max_tokens))
+            msgs = t["coverage"].render(question=question, answer=a, items=points)
+            asks.append((msgs, c_schema, c_tokens))
+        items = [{"aspect": a} for a in aspects]
+        for kind in ("aware", "blind"):
+            for a, b in (answers, answers[::-1]):
+                msgs = t[kind].render(question=question, answer_a=a, answer_b=b, items=items)
+                asks.append((msgs, p_schema, max_tokens))
+        for msgs, full, tokens in asks:
+            if len(out) == n_requests:
+                break
+            sent = full if bounded else schemas.wire(full)
+            out.append((ChatRequest(msgs, model, 0.0, 1.0, tokens, 1, 0, json_schema=sent), full))
+        example += 1
+    return out
+
+
 def backend_config(args: argparse.Namespace, chunk_size: int) -> BackendSection:
     engine_args: dict[str, Any] = dict(args.engine_arg)
     if args.load_format:
@@ -116,6 +180,8 @@ def backend_config(args: argparse.Namespace, chunk_size: int) -> BackendSection:
     }
     if args.max_model_len:
         vllm["max_model_len"] = args.max_model_len
+    if getattr(args, "structured_outputs_backend", None):
+        vllm["structured_outputs_backend"] = args.structured_outputs_backend
     return BackendSection(name="vllm", model=args.model, vllm=vllm)
 
 
@@ -138,32 +204,58 @@ def measure_raw(backend: Any, requests: list[ChatRequest]) -> dict[str, Any]:
     return {"seconds": seconds, "output_tokens": tokens, "prompt_tokens": prompt, "failed": 0}
 
 
-def measure_backend(backend: Any, requests: list[ChatRequest], tmp: Path) -> dict[str, Any]:
-    """The path a stage takes: LLMRunner + a fresh RequestCache + VLLMBackend.run."""
+def measure_backend(
+    backend: Any,
+    requests: list[ChatRequest],
+    tmp: Path,
+    fulls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The path a stage takes: LLMRunner + a fresh RequestCache + VLLMBackend.run; with
+    ``fulls`` (the judge), each answer read as the judge stage reads it."""
 
     async def go() -> dict[str, Any]:
         folder = Path(tempfile.mkdtemp(dir=tmp))
-        tokens = prompt = failed = 0
+        tokens = prompt = failed = cut = 0
         with RequestCache(folder / "cache.sqlite") as cache:
-            # text_reasks=0: the bare client it is compared with does not ask a cut answer again
-            runner = LLMRunner(backend, cache, "bench", progress=False, text_reasks=0)
+            # text_reasks=0: the bare client it is compared with does not ask a cut answer
+            # again; max_reasks=0: neither does it re-ask an invalid one
+            runner = LLMRunner(backend, cache, "bench", progress=False, text_reasks=0, max_reasks=0)
             _reset_prefix_cache(backend.llm)
             t0 = time.perf_counter()
-            async for _, outcome in runner.stream(requests):
+            if fulls is None:
+                stream = runner.stream(requests)
+            else:
+                by_key = {r.key: f for r, f in zip(requests, fulls, strict=True)}
+                jobs = [Job(r, i, *_readers(by_key[r.key])) for i, r in enumerate(requests)]
+                stream = runner.run(jobs, total=len(jobs))
+            async for _, outcome in stream:
                 if isinstance(outcome, Answer):
-                    tokens += outcome.result.completion_tokens
-                    prompt += outcome.result.prompt_tokens
+                    cut += bool(outcome.parsed) and bool(getattr(outcome.parsed[0], "cut", 0))
                 else:
                     failed += 1
             seconds = time.perf_counter() - t0
-        return {
-            "seconds": seconds,
-            "output_tokens": tokens,
-            "prompt_tokens": prompt,
-            "failed": failed,
-        }
+            # every answer the engine wrote, also one that failed its check (the judge: an
+            # answer cut before its decisions, which the stage would ask again)
+            tokens, prompt = runner.stats.completion_tokens, runner.stats.prompt_tokens
+        out = {"seconds": seconds, "output_tokens": tokens, "prompt_tokens": prompt}
+        out["failed"] = failed
+        if fulls is not None:
+            out["read_up_to_a_cut"] = cut
+        return out
 
     return asyncio.run(go())
+
+
+def _readers(full: dict[str, Any]) -> tuple[Any, Any]:
+    """The judge stage's validator and salvage for a schema (pipeline/stages/judge.py)."""
+
+    def validate(req: ChatRequest, text: str) -> Any:
+        return schemas.read(full, text, clip=True)
+
+    def salvage(req: ChatRequest, text: str) -> Any:
+        return schemas.read(full, text, cut=True, clip=True)
+
+    return validate, salvage
 
 
 def summarise(runs: list[dict[str, Any]], n_requests: int) -> dict[str, Any]:
@@ -209,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load-format", default=None, help="e.g. dummy: random weights, no files")
     ap.add_argument("--requests", type=int, default=1500)
     ap.add_argument("--n", type=int, default=2, help="samples per request")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument(
+        "--max-tokens", type=int, default=None, help="per request (default 128; judge: 384)"
+    )
     ap.add_argument("--users", type=int, default=50, help="distinct profiles (shared prefixes)")
     ap.add_argument("--chunk-sizes", default=f"256,1024,{VLLMSection().chunk_size}")
     ap.add_argument("--repeats", type=int, default=3)
@@ -224,12 +318,36 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=JSON",
         help="another vllm.LLM keyword, value as JSON (repeatable), e.g. enforce_eager=true",
     )
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument(
+        "--stage",
+        choices=("responses", "judge"),
+        default="responses",
+        help="the stage whose requests are measured (judge: with its JSON schemas)",
+    )
+    ap.add_argument(
+        "--bounded-requests",
+        type=int,
+        default=0,
+        help="judge: also this many requests with the full (maxLength-bounded) schemas, last",
+    )
+    ap.add_argument(
+        "--structured-outputs-backend",
+        default=None,
+        help="backend.vllm.structured_outputs_backend (default: the config's)",
+    )
+    ap.add_argument("--out", type=Path, default=None)
     from _smoke import add_flag as add_smoke_flag
     from _smoke import apply as apply_smoke
 
     add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = DEFAULT_JUDGE_OUT if args.stage == "judge" else DEFAULT_OUT
+    if args.max_tokens is None:
+        args.max_tokens = 384 if args.stage == "judge" else 128
+    if args.stage == "judge":
+        apply_smoke(args, requests=8, repeats=1, chunk_sizes="4", users=2, bounded_requests=2)
+        return judge_main(args)
     apply_smoke(args, requests=8, repeats=1, chunk_sizes="4", max_tokens=4, users=2)
     chunk_sizes = [int(c) for c in args.chunk_sizes.split(",") if c.strip()]
 
@@ -310,6 +428,131 @@ def main(argv: list[str] | None = None) -> int:
             f"{f['output_tokens_per_s']:>12.0f}{ratio:>8.3f}"
         )
     print(f"wrote {args.out}")
+    return 0
+
+
+def judge_main(args: argparse.Namespace) -> int:
+    """``--stage judge``: the judge's constrained requests against unconstrained ones."""
+    from dataclasses import replace
+
+    from pipeline.backends.vllm_backend import VERIFIED_VLLM_VERSION, VLLMBackend
+
+    class IgnoreEosBackend(VLLMBackend):
+        extra_sampling = {"ignore_eos": True}
+
+    chunk_sizes = [int(c) for c in args.chunk_sizes.split(",") if c.strip()]
+    # sent as a run sends them to this engine: the full schemas to llguidance, which
+    # enforces string bounds cheaply, the wire form to xgrammar (schemas.for_engine)
+    ident = VLLMBackend.identify(backend_config(args, chunk_sizes[0]), [args.model])
+    sent_full = bool(ident.get(schemas.SCHEMA_BOUNDS))
+    pairs = build_judge_requests(
+        args.model, args.requests, args.users, args.max_tokens, bounded=sent_full
+    )
+    requests = [r for r, _ in pairs]
+    fulls = [f for _, f in pairs]
+    # the same prompts and max_tokens, no grammar, generating max_tokens each (ignore_eos)
+    free = [replace(r, json_schema=None) for r in requests]
+    t0 = time.perf_counter()
+    backends = {c: VLLMBackend(backend_config(args, c)) for c in chunk_sizes}
+    first = backends[chunk_sizes[0]]
+    free_backend = IgnoreEosBackend(backend_config(args, chunk_sizes[0]))
+    engine_seconds = time.perf_counter() - t0
+    assert all(b.llm is first.llm for b in [*backends.values(), free_backend])  # one engine
+
+    # warm-up: the sampling kernels, and each distinct schema's grammar once
+    measure_raw(free_backend, [replace(r, max_tokens=16) for r in free[:64]])
+    distinct = {json.dumps(r.json_schema, sort_keys=True): r for r in requests}
+    measure_raw(first, [replace(r, max_tokens=16) for r in distinct.values()])
+
+    variants = ["unconstrained_raw", "constrained_raw", *(f"backend@{c}" for c in chunk_sizes)]
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory(prefix="vllm-judge-") as tmp:
+        for rep in range(args.repeats):
+            for v in variants if rep % 2 == 0 else variants[::-1]:
+                if v == "unconstrained_raw":
+                    runs[v].append(measure_raw(free_backend, free))
+                elif v == "constrained_raw":
+                    runs[v].append(measure_raw(first, requests))
+                else:
+                    chunk = int(v.split("@")[1])
+                    runs[v].append(measure_backend(backends[chunk], requests, Path(tmp), fulls))
+                print(f"  repeat {rep + 1} {v}: {runs[v][-1]['seconds']:.2f} s", flush=True)
+
+    figures = {v: summarise(r, len(requests)) for v, r in runs.items()}
+    free_rate = figures["unconstrained_raw"]["output_tokens_per_s"]
+    for v in variants[1:]:
+        figures[v]["tokens_per_s_vs_unconstrained"] = round(
+            figures[v]["output_tokens_per_s"] / free_rate, 3
+        )
+        if v.startswith("backend@"):
+            figures[v]["read_up_to_a_cut"] = runs[v][0].get("read_up_to_a_cut")
+    result: dict[str, Any] = {
+        "benchmark": "vllm_throughput --stage judge",
+        "smoke": args.smoke,
+        "device": device_name(),
+        "versions": versions(),
+        "verified_vllm_version": VERIFIED_VLLM_VERSION,
+        "model": args.model,
+        "load_format": args.load_format or "auto",
+        "engine": first.engine_kwargs,
+        "engine_load_seconds": round(engine_seconds, 1),
+        "data": SYNTHETIC_NOTE,
+        "workload": {
+            "requests": len(requests),
+            "shape": "judge stage: per example quality and coverage (3 points) for two answers, "
+            "then rubric-aware and rubric-blind pairwise in both orders (real templates); "
+            "schemas as the stage sends them (schemas.for_engine)",
+            "schemas_sent_with_bounds": sent_full,
+            "distinct_schemas": len(distinct),
+            "users": args.users,
+            "max_tokens": args.max_tokens,
+            "temperature": 0.0,
+            "unconstrained": "the same prompts without a schema, ignore_eos",
+        },
+        "repeats": args.repeats,
+        "figures": figures,
+        "target": "constrained output tokens/s >= 0.8 x unconstrained",
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+        "cpu_count": os.cpu_count(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(args.out, result)
+    print(f"device: {result['device']}  vllm {result['versions']['vllm']}  engine "
+          f"{first.engine_kwargs}")  # fmt: skip
+    print(f"{'variant':<20}{'median s':>10}{'req/s':>10}{'out tok/s':>12}{'vs free':>9}")
+    for v, f in figures.items():
+        ratio = f.get("tokens_per_s_vs_unconstrained", 1.0)
+        print(
+            f"{v:<20}{f['seconds_median']:>10.2f}{f['requests_per_s']:>10.1f}"
+            f"{f['output_tokens_per_s']:>12.0f}{ratio:>9.3f}"
+        )
+    print(f"wrote {args.out}", flush=True)
+
+    if args.bounded_requests:
+        # last, and written apart: the full schemas' grammars may crawl (what they replace)
+        bounded = build_judge_requests(
+            args.model, args.bounded_requests, args.users, args.max_tokens, bounded=True
+        )
+        breqs = [r for r, _ in bounded]
+        got = measure_raw(first, breqs)
+        fig = summarise([got], len(breqs))
+        same = measure_raw(first, requests[: len(breqs)])
+        fig_same = summarise([same], len(breqs))
+        result["bounded_before"] = {
+            "requests": len(breqs),
+            "what": "the same first requests with the full schemas (every rationale's "
+            "maxLength), raw LLM.chat, once; beside them the sent (wire) schemas, once",
+            "bounded": fig,
+            "sent": fig_same,
+            "tokens_per_s_bounded_vs_sent": round(
+                fig["output_tokens_per_s"] / max(fig_same["output_tokens_per_s"], 1e-9), 4
+            ),
+        }
+        write_json_atomic(args.out, result)
+        print(f"bounded (before), {len(breqs)} requests: {fig['seconds_median']:.2f} s, "
+              f"{fig['output_tokens_per_s']:.0f} tok/s; sent: {fig_same['seconds_median']:.2f} s, "
+              f"{fig_same['output_tokens_per_s']:.0f} tok/s", flush=True)  # fmt: skip
     return 0
 
 

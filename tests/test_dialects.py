@@ -43,7 +43,7 @@ LLM_STAGES = ("rubrics", "responses", "judge")
 STAGE_SCHEMAS = {
     "quality": schemas.quality_schema(512),
     "pairwise": schemas.pairwise_schema(512),
-    "coverage": schemas.coverage_schema(["a1", "a2", "a3"], 512)[0],
+    "coverage": schemas.coverage_schema(3, 512)[0],
     "rubric": schemas.rubric_schema(2, 6, 1024),
 }
 

@@ -22,7 +22,7 @@ from standin_server import StandinServer
 
 from pipeline import schemas
 from pipeline.cli import main
-from pipeline.eval.pairwise import parse_text_verdict
+from pipeline.eval.pairwise import parse_text_verdict, verdict_schema
 
 ROWS = {r["question"]: (i, r) for i, r in enumerate(crafted_rows())}
 _ANSWER = re.compile(r"Answer ([AB]):\n```\n(.*?)\n```", re.S)
@@ -114,7 +114,7 @@ def test_judge_both_orders_failures_and_a_free_rerun(
         assert again["settings"] == res[setting]["settings"]
 
 
-def test_request_schema_bounds_strings_and_pins_the_verdict(
+def test_request_schema_pins_the_verdict_and_is_checked_with_its_bound(
     judge_server: StandinServer, tmp_path: Path
 ) -> None:
     split = write_split(tmp_path)
@@ -125,8 +125,10 @@ def test_request_schema_bounds_strings_and_pins_the_verdict(
     schema = bodies[0]["response_format"]["json_schema"]["schema"]
     assert list(schema["properties"]) == ["winner", "rationale"]  # the decision first
     assert schema["properties"]["winner"]["enum"] == ["A", "B"]
-    bound = schemas.pairwise_schema(512)["properties"]["rationale"]["maxLength"]
-    assert schema["properties"]["rationale"]["maxLength"] == bound <= 300
+    # sent without the rationale's bound (schemas.wire); answers are checked with it
+    assert "maxLength" not in schema["properties"]["rationale"]
+    assert schema == schemas.wire(verdict_schema(512, ties=False))
+    assert verdict_schema(512, ties=False)["properties"]["rationale"]["maxLength"] <= 300
     assert schema["additionalProperties"] is False
     assert all(b["temperature"] == 0.0 for b in bodies)
 

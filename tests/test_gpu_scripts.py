@@ -80,7 +80,10 @@ class LLM:
         assert isinstance(sampling_params, list) and len(sampling_params) == len(messages)
         _log(event="chat", size=len(messages), ignore_eos=[p.ignore_eos for p in sampling_params],
              max_tokens=sorted({p.max_tokens for p in sampling_params}),
-             seeds=[p.seed for p in sampling_params], use_tqdm=use_tqdm)
+             seeds=[p.seed for p in sampling_params], use_tqdm=use_tqdm,
+             bounded=[None if p.structured_outputs is None
+                      else "maxLength" in json.dumps(p.structured_outputs.json)
+                      for p in sampling_params])
         outs = []
         for conv, sp in zip(messages, sampling_params):
             body = {"model": "fake", "messages": conv, "seed": sp.seed,
@@ -227,3 +230,71 @@ def test_gpu_e2e_usage_errors(fake_env, args: list[str], message: str) -> None:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_judge_benchmark_compares_constrained_and_unconstrained(fake_env, tmp_path: Path) -> None:
+    env, log = fake_env
+    out = tmp_path / "vllm_judge.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "vllm_throughput.py"),
+        "--stage", "judge",
+        "--model", str(model_dir(tmp_path)),
+        "--load-format", "dummy",
+        "--requests", "30", "--users", "3", "--chunk-sizes", "7", "--repeats", "2",
+        "--bounded-requests", "4",
+        "--out", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["engine"]["structured_outputs_config"] == {"backend": "xgrammar"}
+    assert result["workload"]["requests"] == 30 and result["workload"]["max_tokens"] == 384
+    # quality, coverage (3 points) and pairwise: three distinct schemas, one per kind
+    assert result["workload"]["distinct_schemas"] == 3
+    figures = result["figures"]
+    assert set(figures) == {"unconstrained_raw", "constrained_raw", "backend@7"}
+    assert figures["unconstrained_raw"]["output_tokens"] == 30 * 384  # ignore_eos
+    for name in ("constrained_raw", "backend@7"):
+        f = figures[name]
+        assert f["failed"] == 0 and f["tokens_per_s_vs_unconstrained"] > 0
+        # the player's verdicts end before max_tokens: fewer tokens than unconstrained
+        assert 0 < f["output_tokens"] < 30 * 384
+    assert result["bounded_before"]["requests"] == 4
+    assert "backend@7" in proc.stdout and "bounded (before)" in proc.stdout
+
+    chats = [c for c in read_log(log) if c["event"] == "chat"]
+    # unconstrained calls ignore EOS and carry no schema; constrained ones never ignore EOS
+    # and carry the sent form (no maxLength), but for the bounded requests measured last
+    free = [c for c in chats if all(c["ignore_eos"])]
+    assert free and all(b is None for c in free for b in c["bounded"])
+    sent = [c for c in chats if c["size"] == 30 and not any(c["ignore_eos"])]
+    assert len(sent) == 2 and all(b is False for c in sent for b in c["bounded"])
+    assert chats[-2]["size"] == 4 and all(chats[-2]["bounded"])  # bounded, then the same 4 sent
+    assert chats[-1]["size"] == 4 and not any(chats[-1]["bounded"])
+
+
+def test_gpu_check_runs_every_step_and_prints_the_rates(fake_env, tmp_path: Path) -> None:
+    env, log = fake_env
+    dummy = tmp_path / "m7b"
+    dummy.mkdir()
+    (dummy / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    env = {**env, "MODEL": str(model_dir(tmp_path)), "DUMMY_MODEL": str(dummy),
+           "REF_EXAMPLES": "40", "T_REF": "300"}  # fmt: skip
+    out = tmp_path / "check"
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)],
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = (out / "summary.txt").read_text()
+    for step in ("sample_given", "judge_benchmark", "sample_generated", "reference_size"):
+        assert f"{step}: exit 0 after" in summary
+    # the reference-size step's stages, with their rates read back from its cache
+    assert "responses (done): 80 answers" in summary  # 40 examples, chosen + avoid_all
+    assert "judge (done):" in summary and "tokens/s" in summary
+    assert json.loads((out / "vllm_judge.json").read_text())["figures"]["backend@4096"]
+    assert "source: generated" in (out / "generated" / "gpu_e2e" / "run.yaml").read_text()
+    inits = [c for c in read_log(log) if c["event"] == "init"]
+    # every engine is built with the pinned structured-output engine
+    assert inits and all(
+        c["kwargs"]["structured_outputs_config"] == {"backend": "xgrammar"} for c in inits
+    )

@@ -59,7 +59,7 @@ def responder(body: dict, i: int) -> str | None:
         scores = {d: 4 for d in ("correctness", "relevance", "helpfulness")}
         return json.dumps(scores | {f"{d}_rationale": "fine" for d in scores})
     if name == "CoverageVerdict":
-        ids = re.findall(r"- id (a[0-9a-f]+):", text)
+        ids = re.findall(r"- (P\d+):", text)
         score = 2 if _side(_answers(text)[0]) == "chosen" else 0
         return json.dumps({"scores": {x: score for x in ids}, "rationales": {x: "r" for x in ids}})
     if name == "PairwiseVerdict":
@@ -89,6 +89,8 @@ def test_judge_and_pairs_funnel(tmp_path, smart_server, capsys):
     for j in judged:
         assert len(j["quality"]) == 8  # n=2 chosen + n=2 for each of 3 strategies
         assert all(v["parse_ok"] and v["rationale"] for v in j["quality"].values())
+        # how each verdict was read: whole, nothing shortened (the responder writes short)
+        assert all(v["cut"] is False and v["clipped"] == [] for v in j["quality"].values())
         assert len(j["pairwise"]) == 4  # judge.max_pairs_per_example
         for p in j["pairwise"]:
             for kind in ("pairwise_aware", "pairwise_blind"):

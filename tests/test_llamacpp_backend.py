@@ -501,6 +501,7 @@ def test_real_identity_names_the_engine_and_hashes_the_file(real_backend: Any):
     assert ident["model"] == LLAMACPP_DEFAULT_MODEL
     assert ident["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert ident["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert ident["schema_bounds"] is True  # llama.cpp is sent the full schemas
     # what the run records without loading the engine is the same identity
     assert lb.gguf_identity(real_backend.cfg) == ident
 
@@ -542,8 +543,9 @@ def test_real_grammar_answers_to_every_stage_prompt_pass_schemas_parse(real_back
     m = LLAMACPP_DEFAULT_MODEL
     question = "How do I keep basil alive on a windowsill?"
     answer = "Water it when the soil is dry, give it six hours of sun, pinch off flowers."
-    items = [{"item_id": i, "aspect": a} for i, a in zip(
-        ["a01", "a02"], ["Mentions watering", "Mentions sunlight"], strict=True)]  # fmt: skip
+    aspects = ["Mentions watering", "Mentions sunlight"]
+    items = [{"key": k, "aspect": a}
+             for k, a in zip(schemas.coverage_keys(2), aspects, strict=True)]  # fmt: skip
     profile = [{"text": "I grow herbs indoors in a small flat."}]
     cases = [
         ("judge_quality", {"question": question, "answer": answer},
@@ -551,13 +553,15 @@ def test_real_grammar_answers_to_every_stage_prompt_pass_schemas_parse(real_back
         ("judge_pairwise_blind", {"question": question, "answer_a": answer,
          "answer_b": "Buy a new plant."}, schemas.pairwise_schema(1024), 1024),
         ("judge_coverage", {"question": question, "answer": answer, "items": items},
-         *schemas.coverage_schema(["a01", "a02"], 1024)),
+         *schemas.coverage_schema(2, 1024)),
         ("rubric_generate", {"question": question, "narrative": None, "profile": profile,
          "min_items": 2, "max_items": 4}, schemas.rubric_schema(2, 4, 2048), 2048),
     ]  # fmt: skip
     requests = []
     for template, values, schema, max_tokens in cases:
         msgs = load_template(template).render(**values)
+        # sent as the stages send it to llama.cpp: with the free text's bounds (its identity
+        # says schema_bounds: schemas.for_engine)
         requests.append(ChatRequest(messages=msgs, model=m, temperature=0.0, max_tokens=max_tokens,
                                     seed=0, json_schema=schema))  # fmt: skip
     got = collect(backend, requests)
@@ -567,7 +571,7 @@ def test_real_grammar_answers_to_every_stage_prompt_pass_schemas_parse(real_back
         choice = res.choices[0]
         print(f"{template}: {choice.finish_reason} {choice.text[:160]!r}")
         assert choice.finish_reason == "stop", template  # the bounded schema fits max_tokens
-        schemas.parse(requests[i].json_schema or {}, choice.text)
+        schemas.read(cases[i][2], choice.text, clip=True)  # as the stages read it
 
 
 # --- the GGUF header, checked before the run ----------------------------------------------

@@ -59,7 +59,7 @@ NOT_RUN: list[tuple[re.Pattern[str], str]] = [
         "needs the local extra (compiled) and minutes of CPU; tests/test_e2e_local_model.py "
         "runs the pipeline on it",
     ),
-    (re.compile(r"scripts/gpu_e2e\.sh|^source \.gpu/"), "needs a GPU"),
+    (re.compile(r"scripts/gpu_(e2e|check)\.sh|^source \.gpu/"), "needs a GPU"),
     (re.compile(r"^OPENAI_API_KEY="), "needs a real server"),
     (re.compile(r"prb annotate (serve|import)\b"), "needs a Label Studio server"),
     (re.compile(r"prb annotate export (?!.*--file-only)"), "needs a Label Studio server"),

@@ -295,3 +295,45 @@ def test_request_keys_are_the_canonical_json_of_the_request():
         assert req.key == content_hash(req.to_dict())
 
     check()
+
+
+# ---- an answer cut short: read up to the cut when its decisions are whole ---------------
+
+
+def _cut_job(i: int) -> Job:
+    def salvage(req: ChatRequest, text: str) -> Any:
+        return schemas.read(SCHEMA, text, cut=True, clip=True)
+
+    return Job(request(i), i, lambda req, text: schemas.read(SCHEMA, text, clip=True), salvage)
+
+
+@pytest.mark.parametrize("finish", ["length", "stop"])
+def test_a_verdict_cut_after_its_decision_is_kept_without_a_reask(tmp_path: Path, finish: str):
+    """Cut at max_tokens, or by a stop token a grammar let through inside the string (seen
+    on vLLM's xgrammar): the winner is whole, so the verdict is kept, marked as cut."""
+
+    def cut(req: ChatRequest) -> tuple[str, str]:
+        return '{"winner": "B", "rationale": "It names the \\"tool\\" and then it goes on', finish
+
+    backend = ScriptedBackend(cut)
+    with RequestCache(tmp_path / "c.sqlite") as cache:
+        runner = LLMRunner(backend, cache, "judge", progress=False)
+        ((_, outcome),) = collect(runner, [_cut_job(0)])
+    assert isinstance(outcome, Answer) and outcome.reasks == 0
+    reading = outcome.parsed[0]
+    assert reading.cut and reading.value["winner"] == "B"
+    assert reading.value["rationale"] == 'It names the "tool" and then it goes on'
+    assert len(backend.seen) == 1 and runner.stats.reasks == 0
+
+
+def test_a_verdict_cut_before_its_decision_is_asked_again(tmp_path: Path):
+    answers = iter([('{"winner": "ti', "length"), ('{"winner": "tie", "rationale": "x"}', "stop")])
+    backend = ScriptedBackend(lambda req: next(answers))
+    with RequestCache(tmp_path / "c.sqlite") as cache:
+        runner = LLMRunner(backend, cache, "judge", progress=False)
+        ((_, outcome),) = collect(runner, [_cut_job(0)])
+    assert isinstance(outcome, Answer) and outcome.reasks == 1
+    assert not outcome.parsed[0].cut and outcome.parsed[0].value["winner"] == "tie"
+    # cut at max_tokens: asked again with twice the tokens
+    assert [r.max_tokens for r in backend.seen] == [256, 512]
+    assert runner.stats.length_reasks == 1

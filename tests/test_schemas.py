@@ -1,6 +1,7 @@
-"""Every JSON schema the stages send: valid JSON Schema, closed, strings bounded, ids pinned,
-and small enough that its longest answer fits the request's max_tokens. The validator the
-runner applies agrees with the jsonschema package."""
+"""Every JSON schema the stages send: valid JSON Schema, closed, ids pinned, free text sent
+without its bound (``schemas.wire``) and checked with it, and the full schema small enough
+that its longest answer fits the request's max_tokens. The validator the runner applies
+agrees with the jsonschema package."""
 
 from __future__ import annotations
 
@@ -44,20 +45,48 @@ def assert_closed_and_bounded(schema: dict[str, Any], max_tokens: int) -> None:
     assert schemas.worst_case_chars(schema) <= schemas.FILL * max_tokens
 
 
-def test_every_schema_the_stages_send_is_closed_bounded_and_fits(tmp_path, server):
+def assert_sent_form(schema: dict[str, Any]) -> None:
+    """What an engine is sent: closed and pinned like the full schema, no string bound."""
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schemas.bounded_strings(schema) == 0
+    for path, node in _walk(schema):
+        if node.get("type") == "object":
+            assert node.get("additionalProperties") is False, path
+            assert set(node["required"]) == set(node["properties"]), path
+        elif node.get("type") == "array":
+            assert "maxItems" in node, path
+
+
+def test_every_schema_the_stages_send_is_closed_unbounded_and_fits(tmp_path, server):
     cfg = write_config(tmp_path, server, rubrics={"source": "generated"})
-    run_pipeline(load_config(cfg), until="judge", progress=False)
+    config = load_config(cfg)
+    run_pipeline(config, until="judge", progress=False)
     sent = [r["body"] for r in server.requests if r["body"].get("response_format")]
     names = {b["response_format"]["json_schema"]["name"] for b in sent}
     assert names == {"rubric", "QualityVerdict", "CoverageVerdict", "PairwiseVerdict"}
+    j, r = config.judge, config.rubrics
+    full = {
+        "rubric": [schemas.rubric_schema(r.min_items, r.max_items, r.sampling.max_tokens)],
+        "QualityVerdict": [schemas.quality_schema(j.sampling.max_tokens, j.rationale_max_chars)],
+        "PairwiseVerdict": [schemas.pairwise_schema(j.sampling.max_tokens, j.rationale_max_chars)],
+        "CoverageVerdict": [
+            schemas.coverage_schema(n, j.sampling.max_tokens, j.rationale_max_chars)[0]
+            for n in range(1, 11)
+        ],
+    }
     for body in sent:
         fmt = body["response_format"]["json_schema"]
-        assert_closed_and_bounded(fmt["schema"], body["max_tokens"])
+        assert_sent_form(fmt["schema"])
+        # the sent schema is the wire form of a full, bounded schema that fits max_tokens
+        origin = [s for s in full[fmt["name"]] if schemas.wire(s) == fmt["schema"]]
+        assert len(origin) == 1, fmt["name"]
+        assert_closed_and_bounded(origin[0], body["max_tokens"])
         if fmt["name"] == "CoverageVerdict":
-            # one property per rubric item id, the ids the prompt lists
+            # one property per rubric point, the labels the prompt lists, in its order
             text = body["messages"][-1]["content"]
-            listed = [line.split(":")[0][len("- id ") :] for line in text.splitlines()
-                      if line.startswith("- id ")]  # fmt: skip
+            listed = [line[2:].split(":")[0] for line in text.splitlines()
+                      if line.startswith("- P")]  # fmt: skip
+            assert listed == schemas.coverage_keys(len(listed))
             assert list(fmt["schema"]["properties"]["scores"]["properties"]) == listed
             assert fmt["schema"]["properties"]["scores"]["properties"][listed[0]] == {
                 "type": "integer",
@@ -89,11 +118,10 @@ def test_too_few_tokens_for_a_schema_is_refused():
 
 
 def test_a_large_rubric_raises_the_coverage_request_tokens():
-    ids = [f"a{i:010d}" for i in range(40)]
-    schema, tokens = schemas.coverage_schema(ids, 1024)
+    schema, tokens = schemas.coverage_schema(40, 1024)
     assert tokens > 1024
     assert_closed_and_bounded(schema, tokens)
-    rationale = schema["properties"]["rationales"]["properties"][ids[0]]
+    rationale = schema["properties"]["rationales"]["properties"]["P1"]
     assert rationale["maxLength"] == schemas.MIN_RATIONALE
 
 
@@ -138,8 +166,8 @@ def test_the_runner_validator_agrees_with_jsonschema():
           "correctness_rationale": "a", "relevance_rationale": "b",
           "helpfulness_rationale": "c"}),
         (schemas.pairwise_schema(1024), {"winner": "tie", "rationale": "close"}),
-        (schemas.coverage_schema(["a1", "a2"], 1024)[0],
-         {"scores": {"a1": 0, "a2": 2}, "rationales": {"a1": "no", "a2": "yes"}}),
+        (schemas.coverage_schema(2, 1024)[0],
+         {"scores": {"P1": 0, "P2": 2}, "rationales": {"P1": "no", "P2": "yes"}}),
         (schemas.rubric_schema(2, 4, 2048),
          {"aspects": [{"aspect": "Names a cheap tool", "evidence": "e", "reason": "r"},
                       {"aspect": "Keeps it short", "evidence": "e", "reason": "r"}]}),
@@ -251,8 +279,8 @@ def stage_schemas() -> list[tuple[str, dict[str, Any]]]:
     for m, cap in ((384, 300), (1024, 300), (4096, 120)):
         out.append((f"quality/{m}", schemas.quality_schema(m, cap)))
         out.append((f"pairwise/{m}", schemas.pairwise_schema(m, cap)))
-        out.append((f"coverage/{m}", schemas.coverage_schema(ITEM_IDS, m, cap)[0]))
-    out.append(("coverage/1item", schemas.coverage_schema(ITEM_IDS[:1], 1024)[0]))
+        out.append((f"coverage/{m}", schemas.coverage_schema(len(ITEM_IDS), m, cap)[0]))
+    out.append(("coverage/1item", schemas.coverage_schema(1, 1024)[0]))
     out.append(("rubric/2-6", schemas.rubric_schema(2, 6, 2048)))
     out.append(("rubric/1-10", schemas.rubric_schema(1, 10, 8192)))
     return out
@@ -496,3 +524,86 @@ def test_xgrammar_builds_and_refuses_every_violation():
             if keyword in UNENFORCED_OK["xgrammar"]:
                 continue
             assert not accepts(grammar, json.dumps(inst)), f"{name}: {keyword} at {where}"
+
+
+# ---- what an engine is sent, and how answers are read (schemas.wire, schemas.read) ------
+
+
+def test_the_wire_form_drops_only_the_free_texts_bounds():
+    for name, schema in stage_schemas():
+        sent = schemas.wire(schema)
+        assert schemas.bounded_strings(sent) == 0, name
+        assert schemas.bounded_strings(schema) > 0, name
+        assert sent is schemas.wire(schema)  # one object per schema: one compiled grammar
+        # the same closed structure: put the bounds back and it is the full schema again
+        bounds = {path: node["maxLength"] for path, node in _walk(schema) if "maxLength" in node}
+        back = json.loads(json.dumps(sent))
+        for path, node in _walk(back):
+            if path in bounds:
+                node["maxLength"] = bounds[path]
+        assert json.dumps(back, sort_keys=True) == json.dumps(schema, sort_keys=True), name
+
+
+def test_the_backend_identity_decides_the_form_a_request_carries():
+    q = schemas.quality_schema(1024)
+    assert schemas.for_engine(q, {"kind": "openai"}) is schemas.wire(q)
+    assert schemas.for_engine(q, {"kind": "llamacpp", schemas.SCHEMA_BOUNDS: True}) is q
+
+
+def test_coverage_is_one_schema_per_rubric_size():
+    a, _ = schemas.coverage_schema(3, 1024)
+    assert a is schemas.coverage_schema(3, 1024)[0]
+    assert list(a["properties"]["scores"]["properties"]) == ["P1", "P2", "P3"]
+    assert schemas.coverage_keys(3) == ["P1", "P2", "P3"]
+
+
+def test_free_text_over_its_bound_is_clipped_and_recorded():
+    q = schemas.quality_schema(1024)
+    bound = q["properties"]["relevance_rationale"]["maxLength"]
+    long = "word " * bound
+    text = json.dumps({"correctness": 4, "relevance": 5, "helpfulness": 3,
+                       "correctness_rationale": "fine", "relevance_rationale": long,
+                       "helpfulness_rationale": "ok"})  # fmt: skip
+    with pytest.raises(ValueError, match="relevance_rationale: at most"):
+        schemas.read(q, text)  # the full check, unchanged without clip
+    r = schemas.read(q, text, clip=True)
+    assert r.clipped == ("answer.relevance_rationale",) and not r.cut
+    kept = r.value["relevance_rationale"]
+    assert len(kept) <= bound and kept.endswith("word") and long.startswith(kept)
+
+
+def test_every_prefix_of_an_answer_reads_or_names_what_is_missing():
+    """A cut anywhere: decisions whole -> a value, marked cut; else a ValueError (never
+    another exception, never a wrong decision)."""
+    q = schemas.quality_schema(1024)
+    answer = {"correctness": 4, "relevance": 5, "helpfulness": 3,
+              "correctness_rationale": 'Says "water" \\ twice, caf\u00e9 \U0001f33f.',
+              "relevance_rationale": "On topic.", "helpfulness_rationale": "Helps."}  # fmt: skip
+    for ascii_only in (True, False):
+        for indent in (None, 2):
+            text = json.dumps(answer, ensure_ascii=ascii_only, indent=indent)
+            for cut in range(len(text)):
+                try:
+                    r = schemas.read(q, text[:cut], cut=True)
+                except ValueError as exc:
+                    assert str(exc).startswith("answer")
+                    continue
+                assert r.cut
+                for d in ("correctness", "relevance", "helpfulness"):
+                    assert r.value[d] == answer[d]
+                for d in ("correctness", "relevance", "helpfulness"):
+                    assert answer[f"{d}_rationale"].startswith(r.value[f"{d}_rationale"])
+            assert schemas.read(q, text, cut=True).value == answer  # whole: as it is
+
+
+def test_a_cut_rubric_keeps_its_whole_items():
+    r = schemas.rubric_schema(2, 4, 2048)
+    items = [{"aspect": f"Aspect number {i}", "evidence": "e", "reason": "r"} for i in range(3)]
+    text = json.dumps({"aspects": items})
+    cut = text[: text.index("Aspect number 2") + 5]
+    assert schemas.read(r, cut, cut=True).value == {"aspects": items[:2]}
+    too_early = text[: text.index("Aspect number 1") + 5]
+    with pytest.raises(ValueError, match="at least 2 items"):
+        schemas.read(r, too_early, cut=True)
+    with pytest.raises(ValueError, match="not valid JSON"):
+        schemas.read(r, cut)  # not read as cut: an error, as before

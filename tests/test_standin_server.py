@@ -308,7 +308,10 @@ def _judge_prompt(*answers: str, items: list[tuple[str | None, str]] = ()) -> li
         f"Answer{f' {k}' if len(answers) > 1 else ''}:\n<<<\n{a}\n>>>"
         for k, a in zip("AB", answers, strict=False)
     )
-    listed = "\n".join(f"- id {i}: {a}" if i else f"- {a}" for i, a in items)
+    listed = "\n".join(
+        (f"- {i}: {a}" if i.startswith("P") else f"- id {i}: {a}") if i else f"- {a}"
+        for i, a in items
+    )
     header = "What this person expects in an answer:\n" if items and not items[0][0] else ""
     if items and items[0][0]:
         user = f"Question:\n{QUESTION}\n\n{blocks}\n\nScore each point:\n{listed}\nJSON only."
@@ -332,7 +335,7 @@ IDS = ["a1f0c2d3e4b", "a9e8d7c6b5a", "a0b1c2d3e4f"]
 # the schemas the stages send (pipeline/schemas.py), at their default token budgets
 RUBRIC_NEW = schemas.rubric_schema(2, 4, 2048)
 QUALITY_NEW = schemas.quality_schema(1024)
-COVERAGE_NEW, _ = schemas.coverage_schema(IDS, 1024)
+COVERAGE_NEW, _ = schemas.coverage_schema(len(IDS), 1024)
 PAIRWISE_NEW = schemas.pairwise_schema(1024)
 # the shapes the stages sent before bounded schemas (pydantic-style, with $defs)
 COVERAGE_OLD = {
@@ -362,18 +365,20 @@ def test_player_coverage_follows_the_text(client: openai.OpenAI, shape: str) -> 
         "Keep short practice sessions on your train commute. Photograph your own hand as a "
         "reference with a digital tool."
     )
-    items = list(zip(IDS, POINTS, strict=True))
-    schema = COVERAGE_NEW if shape == "new" else COVERAGE_OLD
+    # the prompt lists the points by position (P1, P2, ...) today, by item id before
+    ids = schemas.coverage_keys(len(IDS)) if shape == "new" else IDS
+    items = list(zip(ids, POINTS, strict=True))
+    schema = schemas.wire(COVERAGE_NEW) if shape == "new" else COVERAGE_OLD
     v = _verdict(client, _judge_prompt(answer, items=items), "CoverageVerdict", schema)
     if shape == "new":
         scores, rationales = v["scores"], v["rationales"]
     else:
         scores = {it["id"]: it["score"] for it in v["items"]}
         rationales = {it["id"]: it["rationale"] for it in v["items"]}
-    assert list(scores) == IDS
-    assert scores == {IDS[0]: 2, IDS[1]: 2, IDS[2]: 0}  # the third point is never mentioned
+    assert list(scores) == ids
+    assert scores == {ids[0]: 2, ids[1]: 2, ids[2]: 0}  # the third point is never mentioned
     assert all(r.endswith(".") for r in rationales.values())
-    assert "photograph" in rationales[IDS[1]]
+    assert "photograph" in rationales[ids[1]]
 
 
 @pytest.mark.parametrize("shape", ["new", "old"])

@@ -185,6 +185,8 @@ def test_engine_kwargs_come_from_config(fake_vllm: type[FakeLLM]) -> None:
         "enable_prefix_caching": False,
         "max_num_seqs": 128,  # engine_args win over the named settings
         "enforce_eager": True,
+        # the grammar engine for JSON answers, named so the run records it
+        "structured_outputs_config": {"backend": "xgrammar"},
     }
     assert "max_model_len" not in llm.kwargs  # None means: the model's own default
 
@@ -511,3 +513,28 @@ def test_runner_sends_chunks_of_chunk_size_requests(
 
     assert asyncio.run(go()) == 700
     assert [len(c.conversations) for c in fake_vllm.instances[0].calls] == [300, 300, 100]
+
+
+def test_the_grammar_engine_is_part_of_the_identity_and_decides_the_schema_form(
+    fake_vllm: type[FakeLLM],
+) -> None:
+    """xgrammar (the default) is sent schemas without string bounds; guidance (llguidance
+    enforces them cheaply) the full ones; the two are different backends to the cache."""
+    from pipeline import schemas
+    from pipeline.backends.settings import BackendSection
+    from pipeline.backends.vllm_backend import VLLMBackend
+
+    default = BackendSection(name="vllm", model=MODEL)
+    guided = BackendSection(
+        name="vllm", model=MODEL, vllm={"structured_outputs_backend": "guidance"}
+    )
+    a = VLLMBackend.identify(default, [MODEL])
+    b = VLLMBackend.identify(guided, [MODEL])
+    assert a["structured_outputs"]["backend"] == "xgrammar" and schemas.SCHEMA_BOUNDS not in a
+    assert b["structured_outputs"]["backend"] == "guidance" and b[schemas.SCHEMA_BOUNDS] is True
+    q = schemas.quality_schema(1024)
+    assert schemas.bounded_strings(schemas.for_engine(q, a)) == 0
+    assert schemas.for_engine(q, b) is q
+    assert "JSON by guidance" in VLLMBackend.describe(b)
+    make_backend(structured_outputs_backend="guidance")
+    assert fake_vllm.instances[-1].kwargs["structured_outputs_config"] == {"backend": "guidance"}

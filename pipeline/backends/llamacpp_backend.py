@@ -55,6 +55,7 @@ from pipeline.backends.identity import file_sha256, version
 from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, LlamaCppSettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
     from pipeline.backends.settings import BackendSection
@@ -114,6 +115,10 @@ def gguf_identity(cfg: BackendSection, resolve: Resolve | None = None) -> dict[s
         "bytes": path.stat().st_size,
         "sha256": file_sha256(path),
         "model_output": True,
+        # llama.cpp's grammar costs the same per token with or without the schemas' string
+        # bounds (benchmarks/structured_output.py), so it is sent them: a small model then
+        # closes each rationale at its bound instead of writing to max_tokens
+        SCHEMA_BOUNDS: True,
     }
 
 

@@ -50,6 +50,7 @@ from pipeline.backends.ratelimit import RateLimiter, Ticket, estimate_tokens, re
 from pipeline.backends.settings import OpenAISettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
     from pipeline.backends.settings import BackendSection
@@ -503,11 +504,14 @@ def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> di
     """What a server answers as (pipeline/backends/identity.py): its URL without
     credentials and, for each model the run asks for, the entry it reports at /models;
     or the project's stand-in, which reports itself so."""
+    # schemas sent with their string bounds (backend.openai.schema_bounds): answers made
+    # under another grammar are another backend's
+    bounds = {SCHEMA_BOUNDS: True} if cfg.schema_bounds else {}
     listed = list_models(cfg)
     by_id = {m.get("id"): m for m in listed if isinstance(m, dict)}
     for entry in by_id.values():
         if entry.get("owned_by") == STANDIN_OWNER:
-            return standin_identity(entry)
+            return {**standin_identity(entry), **bounds}
     reported: dict[str, dict[str, Any] | None] = {}
     for name in sorted(set(models)):
         m = by_id.get(name)
@@ -519,6 +523,7 @@ def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> di
         "url": plain_url(str(cfg.base_url)),
         "models": reported,
         "model_output": True,
+        **bounds,
     }
 
 
@@ -532,6 +537,8 @@ def describe_server(identity: dict[str, Any]) -> str:
         d = dialects.Dialect.from_record(record)
         if d is not None:
             text += f"; {name}: {d.describe()}"
+    if identity.get(SCHEMA_BOUNDS):
+        text += "; schemas sent with their string bounds"
     return text
 
 

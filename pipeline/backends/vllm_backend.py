@@ -37,6 +37,7 @@ from pipeline.backends.identity import folder_sha256, version
 from pipeline.backends.settings import VLLMSettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
     from pipeline.backends.settings import BackendSection
@@ -85,6 +86,8 @@ def engine_kwargs(cfg: BackendSection) -> dict[str, Any]:
         "dtype": v.dtype,
         "enable_prefix_caching": v.enable_prefix_caching,
         "max_num_seqs": v.max_num_seqs,
+        # the grammar engine for JSON answers (docs/structured-output.md)
+        "structured_outputs_config": {"backend": v.structured_outputs_backend},
     }
     if v.max_model_len is not None:
         kw["max_model_len"] = v.max_model_len
@@ -298,19 +301,40 @@ class VLLMBackend(Backend):
 
 
 def engine_identity(cfg: BackendSection, kind: str) -> dict[str, Any]:
-    """A vLLM engine's identity: its version and the model folder's content hash."""
+    """A vLLM engine's identity: its version, the model folder's content hash and the
+    structured-output engine that constrains its JSON answers (answers made under another
+    grammar engine are another backend's: the cache never mixes them)."""
     model = str(cfg.model)
     local = Path(model).expanduser()
-    return {
+    so = structured_outputs(cfg)
+    ident: dict[str, Any] = {
         "kind": kind,
         "version": version("vllm"),
         "model": model,
         "files_sha256": folder_sha256(local) if local.is_dir() else None,
         "model_output": True,
+        "structured_outputs": so,
     }
+    if so["backend"] == "guidance":  # llguidance enforces string bounds cheaply: send them
+        ident[SCHEMA_BOUNDS] = True
+    return ident
+
+
+def structured_outputs(cfg: BackendSection) -> dict[str, Any]:
+    """The structured-output settings the engine is built with (``engine_args`` may
+    override the named setting, as it may any other)."""
+    kw = engine_kwargs(cfg)
+    conf = kw.get("structured_outputs_config") or {}
+    if not isinstance(conf, dict):  # an object handed in through engine_args
+        conf = {k: getattr(conf, k) for k in ("backend",) if hasattr(conf, k)}
+    return {"backend": conf.get("backend", "auto"), "xgrammar": version("xgrammar"),
+            "llguidance": version("llguidance")}  # fmt: skip
 
 
 def describe_engine(identity: dict[str, Any]) -> str:
     digest = identity.get("files_sha256")
     text = f"vLLM {identity.get('version') or '?'} in-process, model {identity.get('model')}"
+    so = identity.get("structured_outputs") or {}
+    if so.get("backend"):
+        text += f", JSON by {so['backend']}"
     return text + (f" (files sha256 {digest[:12]})" if digest else " (not a local folder: no hash)")

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.backends.base import Backend, Resolve
 from pipeline.batch.store import BatchState
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
+from pipeline.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
     from pipeline.backends.settings import BackendSection
@@ -156,8 +157,13 @@ class BatchFileBackend(Backend):
         resolve: Resolve | None = None,
         cache_path: Path | None = None,
     ) -> dict[str, Any]:
-        # from the config alone: nothing is contacted, so every command agrees on the keys
-        return {"kind": cls.name, "models": sorted(set(models)), "model_output": True}
+        # from the config alone: nothing is contacted, so every command agrees on the keys;
+        # schemas go with their string bounds only when asked (backend.openai.schema_bounds:
+        # for run_batch with --structured-outputs-config.backend guidance)
+        ident = {"kind": cls.name, "models": sorted(set(models)), "model_output": True}
+        if cfg.openai.schema_bounds:
+            ident[SCHEMA_BOUNDS] = True
+        return ident
 
     @classmethod
     def describe(cls, identity: dict[str, Any]) -> str:

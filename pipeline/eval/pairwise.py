@@ -89,8 +89,16 @@ class JudgeOutcome:
 
 
 def build_requests(
-    pairs: list[EvalPair], setting: str, model: str, spec: Any, seed: int, served_by: str = ""
+    pairs: list[EvalPair],
+    setting: str,
+    model: str,
+    spec: Any,
+    seed: int,
+    served_by: str = "",
+    identity: dict[str, Any] | None = None,
 ) -> tuple[list[ChatRequest], list[tuple[str, str]]]:
+    """Both orders of every pair; ``identity`` (the answering backend's) decides whether
+    the schema is sent with its rationale's bound (pipeline/schemas.py: for_engine)."""
     fmt, ties = spec.opt("format"), spec.opt("ties")
     schema = verdict_schema(spec.opt("max_tokens"), ties) if fmt == "json" else None
     reqs, meta = [], []
@@ -105,7 +113,11 @@ def build_requests(
                     max_tokens=spec.opt("max_tokens"),
                     n=1,
                     seed=seed,
-                    json_schema=schema,
+                    # checked with the rationale's bound, sent with it only where the engine
+                    # enforces it cheaply (schemas.for_engine)
+                    json_schema=None
+                    if schema is None
+                    else schemas.for_engine(schema, identity or {}),
                     schema_name="PairwiseVerdict" if fmt == "json" else "answer",
                     served_by=served_by,
                 )
@@ -132,13 +144,19 @@ async def _judge(
     runner: Any, reqs: list[ChatRequest], meta: list[tuple[str, str]], spec: Any
 ) -> JudgeOutcome:
     fmt, ties = spec.opt("format"), spec.opt("ties")
+    full = verdict_schema(spec.opt("max_tokens"), ties) if fmt == "json" else None
 
-    def validate(req: ChatRequest, text: str) -> tuple[str, str]:
-        """(letter, rationale); ValueError names what is wrong, for the re-ask."""
-        if fmt == "json":
-            value = schemas.parse(req.json_schema or {}, text)
+    def validate(req: ChatRequest, text: str, cut: bool = False) -> tuple[str, str]:
+        """(letter, rationale); ValueError names what is wrong, for the re-ask. JSON is
+        checked against the full schema, as the judge stage checks it: a rationale over
+        its bound is shortened, and a verdict cut at max_tokens after its winner is kept."""
+        if full is not None:
+            value = schemas.read(full, text, cut=cut, clip=True).value
             return value["winner"], value["rationale"]
         return parse_text_verdict(text, ties, spec.opt("parse")), ""
+
+    def salvage(req: ChatRequest, text: str) -> tuple[str, str]:
+        return validate(req, text, cut=True)
 
     out = JudgeOutcome()
     for key, _ in meta:
@@ -157,7 +175,8 @@ async def _judge(
         if r.key in known:
             reason = why.get(r.key, f"{INVALID_PREFIX}: earlier run")
             _record_failure(out, *meta[i], reason, fmt)
-    async for j, outcome in runner.stream([reqs[i] for i in send], validate):
+    salvage_json = salvage if full is not None else None
+    async for j, outcome in runner.stream([reqs[i] for i in send], validate, salvage_json):
         key, order = meta[send[j]]
         if isinstance(outcome, Answer):
             letter, rationale = (outcome.parsed or [(None, "")])[0]
@@ -200,8 +219,9 @@ def run_judge(
                 cache.put_backend(served_id, served)
                 for setting in settings:
                     reqs, meta = build_requests(
-                        pairs, setting, model, spec, cfg.run.seed, served_by=served_id
-                    )
+                        pairs, setting, model, spec, cfg.run.seed, served_by=served_id,
+                        identity=served,
+                    )  # fmt: skip
                     runner = LLMRunner(
                         backend,
                         cache,

@@ -157,6 +157,14 @@ class Context:
             self._served_by_id = (ident, identity_id(ident))
         return self._served_by_id[1]
 
+    def sent_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        """What a request carries of ``schema`` for the backend that answers: the full
+        schema where its grammar engine enforces string bounds cheaply, else the form
+        without them (pipeline/schemas.py: for_engine)."""
+        from pipeline.schemas import for_engine
+
+        return for_engine(schema, self.served_by)
+
     def served_by_setting(self) -> dict[str, Any]:
         """The identity as a stage's settings hold it: only what is keyed, so a note on
         how it was found never changes a fingerprint."""

@@ -14,8 +14,12 @@ row from there instead of rebuilding, looking up and re-validating each of its r
 Only rows whose every verdict parsed are kept there, so a failure is always asked again.
 
 Every verdict answers a closed JSON schema (pipeline/schemas.py): scores and winners first
-as bounded integers and enums, coverage keyed by the rubric's own item ids, rationales
-with a maxLength that fits the request's max_tokens.
+as enums, coverage keyed by the rubric points' positions in the prompt (one schema per
+rubric size), rationales last. The engine is sent the schema without the rationales'
+``maxLength`` (``schemas.wire``: a string bound costs grammar engines milliseconds a token);
+the bound is kept here: a rationale over it is shortened to it, and a verdict cut at
+``max_tokens`` after its decisions is kept with what its rationales had written. Each
+verdict row records both (``cut``, ``clipped``).
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ class JudgeStage(Stage):
             "schemas": {
                 "quality": schemas.quality_schema(m, cap),
                 "pairwise": schemas.pairwise_schema(m, cap),
-                "coverage": schemas.coverage_schema(["ITEM_ID"], m, cap)[0],
+                "coverage": schemas.coverage_schema(1, m, cap)[0],
             },
         }
 
@@ -164,40 +168,48 @@ class JudgeStage(Stage):
             ctx.config.judge.sampling,
             seed=ctx.config.run.seed,
             max_tokens=max_tokens,
-            json_schema=schema,
+            json_schema=ctx.sent_schema(schema),
             schema_name=SCHEMA_NAMES[kind],
             served_by=ctx.served_by_id,
         )
 
     @staticmethod
-    def _validator(schema: dict[str, Any]) -> Any:
-        def validate(req: ChatRequest, text: str) -> Any:
-            return schemas.parse(schema, text)
+    def _job(req: ChatRequest, tag: Any, schema: dict[str, Any]) -> Job:
+        """A verdict's job: checked against the full schema, rationales shortened to their
+        bound; an answer cut at max_tokens is read up to the cut (pipeline/schemas.py)."""
 
-        return validate
+        def validate(req: ChatRequest, text: str) -> schemas.Reading:
+            return schemas.read(schema, text, clip=True)
+
+        def salvage(req: ChatRequest, text: str) -> schemas.Reading:
+            return schemas.read(schema, text, cut=True, clip=True)
+
+        return Job(req, tag, validate, salvage)
 
     def _pointwise_jobs(self, ctx: Context, ex: _Judged) -> list[Job]:
         c = ctx.config
         m, cap = c.judge.sampling.max_tokens, c.judge.rationale_max_chars
         q_schema = schemas.quality_schema(m, cap)
-        ids = [it["item_id"] for it in ex.items]
-        c_schema, c_tokens = schemas.coverage_schema(ids, m, cap)
+        c_schema, c_tokens = schemas.coverage_schema(len(ex.items), m, cap)
+        points = [
+            {"key": k, "aspect": it["aspect"]}
+            for k, it in zip(schemas.coverage_keys(len(ex.items)), ex.items, strict=True)
+        ]
         jobs = []
         for cand in ex.cands:
             cid = cand["candidate_id"]
             req = self._request(ctx, "quality", q_schema, question=ex.question, answer=cand["text"])
-            jobs.append(Job(req, ("quality", cid), self._validator(q_schema)))
+            jobs.append(self._job(req, ("quality", cid), q_schema))
             req = self._request(
                 ctx, "coverage", c_schema, c_tokens,
-                question=ex.question, answer=cand["text"], items=ex.items,
+                question=ex.question, answer=cand["text"], items=points,
             )  # fmt: skip
-            jobs.append(Job(req, ("coverage", cid), self._validator(c_schema)))
+            jobs.append(self._job(req, ("coverage", cid), c_schema))
         return jobs
 
     def _pairwise_jobs(self, ctx: Context, ex: _Judged) -> list[Job]:
         c = ctx.config
         p_schema = schemas.pairwise_schema(c.judge.sampling.max_tokens, c.judge.rationale_max_chars)
-        validate = self._validator(p_schema)
         texts = {cand["candidate_id"]: cand["text"] for cand in ex.cands}
         jobs = []
         for pi, pair in enumerate(ex.pairs):
@@ -209,7 +221,7 @@ class JudgeStage(Stage):
                     req = self._request(
                         ctx, kind, p_schema, question=ex.question, answer_a=a, answer_b=b, **extra
                     )
-                    jobs.append(Job(req, ("pair", (pi, kind, order)), validate))
+                    jobs.append(self._job(req, ("pair", (pi, kind, order)), p_schema))
         return jobs
 
     # ---- the stage ---------------------------------------------------------------------
@@ -265,7 +277,7 @@ class JudgeStage(Stage):
                 self._record_pairwise(ex, what, outcome)
                 return []
             target = ex.quality if kind == "quality" else ex.coverage
-            target[what] = self._pointwise_row(kind, outcome)
+            target[what] = self._pointwise_row(kind, outcome, ex.items)
             if st.outstanding > 1:
                 return []
             # the last pointwise verdict is in: ask for the shortlist's pairwise verdicts
@@ -341,12 +353,17 @@ class JudgeStage(Stage):
                     hit = hits.get(job.request.key)
                     if hit is None or job.validate is None:
                         raise ValueError("not cached")
-                    answer = Answer(
-                        hit, [job.validate(job.request, hit.choices[0].text)], job.request
-                    )
+                    choice = hit.choices[0]
+                    try:
+                        reading = job.validate(job.request, choice.text)
+                    except ValueError:
+                        if job.salvage is None:
+                            raise
+                        reading = job.salvage(job.request, choice.text)
+                    answer = Answer(hit, [reading], job.request)
                     kind, cid = job.tag
                     target = ex.quality if kind == "quality" else ex.coverage
-                    target[cid] = self._pointwise_row(kind, answer)
+                    target[cid] = self._pointwise_row(kind, answer, ex.items)
             except ValueError:
                 ex.quality, ex.coverage, guessed = {}, {}, True
             ex.pairs = self._shortlist(ctx, ex_id, ex)
@@ -361,7 +378,8 @@ class JudgeStage(Stage):
         if isinstance(outcome, Failure):
             verdicts[order] = {"parse_ok": False, "error": outcome.reason[:300]}
             return
-        v = outcome.parsed[0]
+        reading: schemas.Reading = outcome.parsed[0]
+        v = reading.value
         # map the position back to the pair's sides
         winner = v["winner"]
         verdicts[order] = {
@@ -370,25 +388,33 @@ class JudgeStage(Stage):
             "rationale": v["rationale"],
             "parse_ok": True,
             "request_key": outcome.request.key,
+            **_read_notes(reading),
         }
 
     @staticmethod
-    def _pointwise_row(kind: str, outcome: Answer | Failure) -> dict[str, Any]:
+    def _pointwise_row(
+        kind: str, outcome: Answer | Failure, items: list[dict[str, str]]
+    ) -> dict[str, Any]:
         if isinstance(outcome, Failure):  # final: invalid after every re-ask and retry
             return {"parse_ok": False, "error": outcome.reason[:300]}
-        v = outcome.parsed[0]
+        reading: schemas.Reading = outcome.parsed[0]
+        v = reading.value
         row: dict[str, Any] = {
             "parse_ok": True,
             "request_key": outcome.request.key,
             "reasks": outcome.reasks,
+            **_read_notes(reading),
         }
         if kind == "quality":
             for d in DIMENSIONS:
                 row[d] = v[d]
             row["rationale"] = {d: v[f"{d}_rationale"] for d in DIMENSIONS}
         else:
-            row["scores"] = dict(v["scores"])
-            row["rationale"] = dict(v["rationales"])
+            # the schema's keys are the points' positions: back to the items' own ids
+            keys = schemas.coverage_keys(len(items))
+            ids = [it["item_id"] for it in items]
+            row["scores"] = {i: v["scores"][k] for k, i in zip(keys, ids, strict=True)}
+            row["rationale"] = {i: v["rationales"][k] for k, i in zip(keys, ids, strict=True)}
         return row
 
     def _shortlist(self, ctx: Context, example_id: str, ex: _Judged) -> list[dict]:
@@ -432,6 +458,12 @@ class JudgeStage(Stage):
                 "templates": {k: load_template(v).provenance() for k, v in TEMPLATES.items()},
             },
         }
+
+
+def _read_notes(reading: schemas.Reading) -> dict[str, Any]:
+    """How a verdict was read: cut at max_tokens after its decisions (``cut``), and the
+    rationales shortened to their bound (``clipped``, the fields' paths)."""
+    return {"cut": reading.cut, "clipped": list(reading.clipped)}
 
 
 def _question(row: Mapping[str, Any]) -> str:

@@ -214,7 +214,7 @@ class RubricStage(Stage):
             c.backend.model,
             c.rubrics.sampling,
             seed=c.run.seed,
-            json_schema=self._schema(ctx),
+            json_schema=ctx.sent_schema(self._schema(ctx)),
             schema_name="rubric",
             served_by=ctx.served_by_id,
         )
@@ -225,8 +225,13 @@ class RubricStage(Stage):
         schema = self._schema(ctx)
         s = c.rubrics.sampling
 
-        def validate(req: ChatRequest, text: str) -> Any:
-            return schemas.parse(schema, text)
+        # checked against the full schema, free text over its bound shortened to it; an
+        # answer cut at max_tokens keeps its whole items (pipeline/schemas.py: read)
+        def validate(req: ChatRequest, text: str) -> schemas.Reading:
+            return schemas.read(schema, text, clip=True)
+
+        def salvage(req: ChatRequest, text: str) -> schemas.Reading:
+            return schemas.read(schema, text, cut=True, clip=True)
 
         loop = ExampleLoop(out, self.shard_size(ctx))
         reasked = 0
@@ -235,7 +240,7 @@ class RubricStage(Stage):
             for ex in examples:
                 # the fields a row needs (the profile is not kept)
                 state = {"example_id": ex["example_id"], "user_id": ex["user_id"]}
-                job = Job(self._request(ctx, ex), 0, validate)
+                job = Job(self._request(ctx, ex), 0, validate, salvage)
                 yield from loop.start(ex["example_id"], [job], state)
 
         def on_outcome(st: OpenExample, attempt: int, outcome: Answer | Failure) -> list[Job]:
@@ -243,7 +248,8 @@ class RubricStage(Stage):
             if isinstance(outcome, Failure):  # final: invalid after every re-ask and retry
                 st.extra["reject"] = _reject(st.state, "invalid_rubric", outcome.reason)
                 return []
-            items = outcome.parsed[0]["aspects"]
+            reading: schemas.Reading = outcome.parsed[0]
+            items = reading.value["aspects"]
             kept, merged = merge_items(items, c.rubrics.merge_threshold)
             if len(kept) < c.rubrics.min_items and attempt < c.rubrics.reasks:
                 # a repetitive model: tell it what merging found and ask again
@@ -258,7 +264,7 @@ class RubricStage(Stage):
                 text = outcome.result.choices[0].text
                 again = replace(req, messages=(*req.messages, ("assistant", text), ("user", note)))
                 reasked += attempt == 0
-                return [Job(again, attempt + 1, validate)]
+                return [Job(again, attempt + 1, validate, salvage)]
             prov = {
                 **tmpl.provenance(),
                 "model": c.backend.model,
@@ -273,6 +279,10 @@ class RubricStage(Stage):
                     "completion_tokens": outcome.result.completion_tokens,
                 },
                 "finish_reason": outcome.result.choices[0].finish_reason,
+                # how the answer was read: cut at max_tokens (whole items kept), and the
+                # fields shortened to their bound
+                "cut": reading.cut,
+                "clipped": list(reading.clipped),
             }
             row, rej = self._finish_items(ctx, st.state, items, "generated", prov)
             st.extra["row"], st.extra["reject"] = row, rej
@@ -313,7 +323,8 @@ class RubricStage(Stage):
                 row = None
                 if hit is not None:
                     try:
-                        items = schemas.parse(schema, hit.choices[0].text)["aspects"]
+                        text = hit.choices[0].text
+                        items = schemas.read(schema, text, cut=True, clip=True).value["aspects"]
                         row, _ = self._finish_items(ctx, ex, items, "generated", prov)
                     except ValueError:  # the run re-asks: its answer is not known
                         row = None

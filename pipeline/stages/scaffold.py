@@ -17,7 +17,7 @@ same way for rubrics, responses and the judge:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.llm import Answer, Failure, Job, LLMRunner
@@ -62,7 +62,7 @@ class ExampleLoop:
         st = OpenExample(example_id, state, outstanding=len(jobs), requests=len(jobs))
         self.open[example_id] = st
         for job in jobs:
-            yield Job(job.request, (example_id, job.tag), job.validate)
+            yield replace(job, tag=(example_id, job.tag))
 
     def emit(self, rows: list[dict], rejects: list[dict] = ()) -> None:  # type: ignore[assignment]
         """The outcome of one finished example (also one that needed no request)."""
@@ -106,7 +106,7 @@ class ExampleLoop:
                 for job in follow:
                     st.outstanding += 1
                     st.requests += 1
-                    runner.push(Job(job.request, (ex_id, job.tag), job.validate))
+                    runner.push(replace(job, tag=(ex_id, job.tag)))
                 if st.outstanding:
                     continue
                 del self.open[ex_id]
