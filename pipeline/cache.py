@@ -25,6 +25,11 @@ from pipeline.chat import ChatRequest, ChatResult
 from pipeline.errors import CacheError
 from pipeline.io import crash_point, dumps, loads
 
+# Every table a request cache of prb's holds, in any version (pipeline/run/rundir.py tells
+# an older run's cache.sqlite from a user's database by them); SQLite's own tables beside.
+TABLES = frozenset({"responses", "errors", "derived", "backends", "ledger", "ledger_state"})
+SQLITE_TABLES = frozenset({"sqlite_sequence", "sqlite_stat1", "sqlite_stat4"})
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     key TEXT PRIMARY KEY,

@@ -269,9 +269,12 @@ def _preflight(ctx: Context, plans: list[StagePlan], echo: Callable[[str], None]
             ctx.run_dir.stage(p.name).check_clearable()  # before anything changes
     if any(p.name == "ingest" and p.action != "skip" for p in plans):
         from pipeline.ingest import check_input
+        from pipeline.profile import check_ranker_installed
 
-        # bad input is refused before the run directory is created or changed
+        # bad input, and a ranker whose extra is missing, are refused before the run
+        # directory is created or changed
         check_input(ctx.config.input, ctx.config.resolve_input)
+        check_ranker_installed(ctx.config.profile.ranker)
     if any(p.stage.uses_llm(ctx) for p in plans):
         from pipeline.backends.factory import check_installed
 
@@ -292,6 +295,19 @@ def _preflight(ctx: Context, plans: list[StagePlan], echo: Callable[[str], None]
             ctx.cache.check()
 
 
+def _refuse_undoing(rd: RunDir, plans: list[StagePlan], what: str, command: str) -> None:
+    """One ConfigError when ``plans`` would re-do a finished stage (`prb batch export`
+    with another backend than the one that finished it: its work would be thrown away)."""
+    for p in plans:
+        if p.action == "redo" and rd.stage(p.name).done:
+            raise ConfigError(
+                f"`{what}` would re-do stage '{p.name}' of {rd.shown}, which is finished "
+                f"({p.why}); batch files never undo finished work, so nothing was changed: "
+                "give the run a new name (--set run.name=NAME) to answer every stage with batch "
+                f"files, or re-do it on purpose first with `{command} --redo {p.name}`"
+            )
+
+
 def run_pipeline(
     config: Config,
     *,
@@ -302,11 +318,14 @@ def run_pipeline(
     echo: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
     lock: RunLock | None = None,
     command: str = "prb run CONFIG",
+    keep_finished: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run the planned stages; returns each executed stage's stats. ``lock``: the run
     directory's lock, already taken by the caller (`prb run` takes it before importing the
     stages, so a second writer is refused at once); released here at the end. ``command``:
-    the `prb run` command with its config and --set options, for suggestions."""
+    the `prb run` command with its config and --set options, for suggestions.
+    ``keep_finished``: the command (`prb batch`) that must never undo a finished
+    stage: a plan that would re-do one is refused before anything changes."""
     names = plan_stages(until, only, redo)
     if redo is not None and redo not in names:
         raise ConfigError(f"--redo {redo} is outside the stages this command runs")
@@ -324,6 +343,8 @@ def run_pipeline(
     results: dict[str, dict[str, Any]] = {}
     try:
         plans = make_plan(ctx, stages, names, redo, command)
+        if keep_finished:
+            _refuse_undoing(rd, plans, keep_finished, command)
         for w in dict.fromkeys(ctx.warnings):
             echo(f"warning: {w}")
         _preflight(ctx, plans, echo)

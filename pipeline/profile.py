@@ -13,9 +13,11 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import BackendError
+from pipeline.modelfiles import check_weights, load_errors
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 # A short list: enough to stop "the" and "a" from deciding relevance in BM25.
@@ -129,6 +131,27 @@ def rank_embedding(question: str, posts: list[dict[str, Any]], model: str) -> li
     return sorted(range(len(posts)), key=lambda i: (-float(scores[i]), i))
 
 
+# What each ranker needs besides the base install: (modules, the extra that brings them)
+RANKER_NEEDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "embedding": (("sentence_transformers", "torch"), "embed"),
+    "contriever": (("transformers", "torch"), "contriever"),
+}
+
+
+def check_ranker_installed(ranker: str) -> None:
+    """A ranker whose libraries are missing is one BackendError naming the extra, said
+    before the run directory is written (as a backend's missing extra is)."""
+    import importlib.util
+
+    modules, extra = RANKER_NEEDS.get(ranker, ((), ""))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise BackendError(
+            f"profile.ranker {ranker!r} needs {' and '.join(modules)} ({', '.join(missing)} "
+            f"not installed): pip install 'personalized-rewardbench[{extra}]'"
+        )
+
+
 # The reference benchmark ranks each profile with this model (its retrieve/rank_dataset.py).
 CONTRIEVER_MODEL = "facebook/contriever-msmarco"
 
@@ -151,10 +174,14 @@ def _contriever(model: str) -> tuple[Any, Any, str, int]:
     verbosity, bars = tf_logging.get_verbosity(), tf_logging.is_progress_bar_enabled()
     tf_logging.set_verbosity_error()
     tf_logging.disable_progress_bar()
+    local = Path(model).expanduser()
     try:
+        if local.is_dir():
+            # a cut download is one line naming the file (prb eval reads models the same way)
+            check_weights(local)
         tokenizer = AutoTokenizer.from_pretrained(model)
         encoder = AutoModel.from_pretrained(model).to(device).eval()
-    except (OSError, ValueError) as exc:
+    except load_errors() as exc:
         # transformers says "couldn't connect" / "not a local folder" over many lines
         first = " ".join(str(exc).split())[:300]
         raise BackendError(
@@ -180,9 +207,9 @@ def mean_pooled(texts: list[str], model: str, batch_size: int = 16) -> Any:
     """One vector per text: the encoder's last hidden states averaged over the tokens the
     attention mask keeps (padding excluded), ``batch_size`` texts per forward pass. A
     float32 numpy array of shape (len(texts), hidden size)."""
+    tokenizer, encoder, device, longest = _contriever(model)  # says which extra is missing
     import torch
 
-    tokenizer, encoder, device, longest = _contriever(model)
     out = []
     with torch.inference_mode():
         for start in range(0, len(texts), batch_size):

@@ -113,12 +113,19 @@ def next_steps(res: dict[str, Any]) -> str:
     python = _command("python", sys.executable)
     run_dir = _shown_path(res["run_dir"])
     if not res.get("kept"):
+        # the whole command: `prb quickstart` takes no --set (docs/local.md)
+        larger = (
+            f"{prb} run {_shown_path(quickstart_config())} --set "
+            f"run.output_dir={_shown_path(Path(res['run_dir']).parent)} "
+            "--set run.name=quickstart-larger --set backend.name=llamacpp "
+            "--set backend.replay.cache=null --set backend.model=PATH.gguf"
+        )
         return "\n".join(
             [
                 "Next steps",
                 f"  1. See why each example was dropped: {prb} inspect {run_dir}",
                 f"  2. What each stage sent and received: {prb} status {run_dir}",
-                "  3. A larger GGUF keeps more: --set backend.model=PATH.gguf (docs/local.md)",
+                f"  3. A larger GGUF keeps more (docs/local.md): {larger}",
             ]
         )
     release = _shown_path(res["publish"]["out"])

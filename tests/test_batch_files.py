@@ -537,3 +537,39 @@ def test_a_request_given_up_on_is_asked_afresh_in_the_next_export(tmp_path, serv
         failures = [e for e in cache.errors() if e["key"] == first["custom_id"]]
     assert len(failures) == 1 and failures[0]["reason"].startswith("invalid_json")
     assert sizes[:2] == [(1, 1), (2, 1)]
+
+
+def test_an_export_never_undoes_what_another_backend_finished(tmp_path, server, capsys):
+    """The README adds `--set backend.name=batchfile` to each command: on a run the stand-in
+    finished, the export re-did every LLM stage (responses partial, 0 of 12) and staled the
+    release. It is now refused in one line, with the two ways on, and nothing changes."""
+    from conftest import disk_state
+
+    cfg = str(write_config(tmp_path, server, input={"limit": 3}))
+    assert main(["run", cfg, "--until", "responses", "--no-progress"]) == 0
+    capsys.readouterr()
+    before = disk_state(tmp_path / "outputs")
+    argv = ["batch", "export", cfg, "--set", "backend.name=batchfile", "--no-progress"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    line = err[0]
+    assert "`prb batch export` would re-do stage 'responses'" in line and "finished" in line
+    assert "--set run.name=NAME" in line and "--redo responses" in line
+    assert disk_state(tmp_path / "outputs") == before
+    assert RunDir(tmp_path / "outputs" / "t").stage("responses").done
+
+
+def test_a_line_nested_too_deeply_is_named_and_the_good_lines_stored(tmp_path, server, capsys):
+    """A results line nested 100,000 levels deep made the whole import fail with a message
+    naming neither file nor line, and the file's good lines were not stored."""
+    cfg = write_config(tmp_path, server, backend={"name": "batchfile"}, **GENERATED)
+    export(cfg, tmp_path / "r.jsonl", capsys)
+    run_batch(server, tmp_path / "r.jsonl", tmp_path / "good.jsonl")
+    first = (tmp_path / "good.jsonl").read_text().splitlines()[0]
+    results = tmp_path / "results.jsonl"
+    results.write_text(first + "\n" + "[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
+    rc, out, err = import_(cfg, capsys, results)
+    assert rc == 0 and "stored 1; skipped 1 (1 broken line)" in out, out
+    assert f"{results}:2: nested too deeply to be a result line" in err
+    assert "Traceback" not in err

@@ -128,7 +128,7 @@ def test_commands_without_a_run_list_the_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.startswith("no runs under outputs/ yet: start one with `prb quickstart`")
     (tmp_path / "outputs" / "one").mkdir(parents=True)
-    (tmp_path / "outputs" / "one" / "run.yaml").write_text("run: {name: one}\n")
+    (tmp_path / "outputs" / "one" / "run.yaml").write_text("run: {name: one}\nbackend: {}\n")
     for command, code in (("inspect", 2), ("status", 0)):
         assert main([command]) == code
         assert "outputs/one" in capsys.readouterr().out

@@ -105,3 +105,21 @@ def test_a_model_that_is_not_there_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in msg
     assert msg.startswith(f"profile.contriever_model {missing!r} cannot be loaded")
     assert "AutoModel.from_pretrained" in msg and "profile.contriever_model" in msg
+
+
+def test_a_model_cut_short_is_one_line_naming_the_file(encoder, tmp_path):
+    """A contriever folder whose model.safetensors was cut short was a traceback from the
+    loader; it is read through the same check as `prb eval`'s models."""
+    import shutil
+
+    from pipeline.errors import PipelineError
+    from pipeline.profile import rank_profile
+
+    cut = tmp_path / "cut-encoder"
+    shutil.copytree(encoder, cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(PipelineError) as info:
+        rank_profile(QUESTION, POSTS, k=2, ranker="contriever", model=str(cut))
+    msg = str(info.value)
+    assert "\n" not in msg and "model.safetensors" in msg and "download the model again" in msg

@@ -357,6 +357,15 @@ def test_the_sample_config_runs_against_llama_cpp_pythons_own_server(tmp_path, c
         cfg = load_config(ROOT / "configs" / "sample.yaml", overrides)
         stats = run_pipeline(cfg, progress=False, echo=lambda _m: None)
         seconds = time.monotonic() - start
+        # asked for a name it does not list (the README's line without --model_alias): the
+        # server would answer as its one model, so it is a warning and the card says so
+        from pipeline.backends.openai_backend import OpenAIBackend, server_identity
+
+        qwen = "Qwen/Qwen2.5-7B-Instruct"
+        ident = server_identity(cfg.backend.openai, [qwen], "openai")
+        assert ident["models"][qwen] is None and ident["listed"] == ["smollm2"], ident
+        assert f"does not list the model {qwen!r}" in OpenAIBackend.warnings(ident)[0]
+        assert "the server lists smollm2" in OpenAIBackend.describe(ident)
     finally:
         server.terminate()
         try:
@@ -483,3 +492,26 @@ def test_the_plan_counts_the_prompts_a_dialect_sends_and_the_budget_bounds_them(
     req = ChatRequest((("system", "s"), ("user", "u")), "standin-model",
                       json_schema=STAGE_SCHEMAS["quality"])  # fmt: skip
     assert budget.bound(req).prompt_tokens > len(dialects.schema_statement(req.json_schema))
+
+
+def test_a_plan_says_when_the_servers_dialect_is_not_known_yet(tmp_path, capsys):
+    """Before a run has asked a server what it takes, the plan counted today's body with
+    no word: against llama-cpp-python's server it planned about half the prompt tokens the
+    run sent. It now says the dialect is not known yet and what it can add."""
+    from test_openai_backend import _SlowModels
+
+    srv = _SlowModels([0.0])  # an OpenAI-compatible /models, not the stand-in
+    try:
+        cfg = write_config(tmp_path, srv, backend={"model": "m"}, input={"limit": 2})
+        assert main(["plan", str(cfg)]) == 0
+        out = capsys.readouterr().out
+        # told which dialect, the plan counts it and says nothing more
+        told = ["--set", "backend.openai.structured_output=json_schema"]
+        assert main(["plan", str(cfg), *told]) == 0
+        again = capsys.readouterr().out
+    finally:
+        srv.close()
+    assert f"the server at {srv.base_url} takes for JSON requests with 'm' is not known yet" in out
+    assert "prompt tokens more a JSON request" in out
+    assert "set backend.openai.structured_output" in out
+    assert "(reported as m)" in again and "is not known yet" not in again

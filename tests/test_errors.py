@@ -301,6 +301,9 @@ def test_folder_without_write_permission(tmp_path):
 def test_corrupted_cache_names_file_and_repair_command(tmp_path, capsys):
     run = tmp_path / "outputs" / "t"
     run.mkdir(parents=True)
+    # a run's folder (its marker): an unmarked folder whose cache.sqlite is not prb's is
+    # not taken for a run at all (tests/test_run_ownership.py)
+    (run / ".prb-run").write_text('{"created_by": "prb run"}')
     (run / "cache.sqlite").write_bytes(b"this is not an SQLite database, just text" * 200)
     line = one_error_line(capsys, ["status", str(run)])
     assert "cache.sqlite" in line and "prb cache repair" in line

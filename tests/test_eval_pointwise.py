@@ -395,7 +395,7 @@ def test_a_runs_release_in_parquet(tiny_rm: Path, tmp_path: Path) -> None:
 
     run = tmp_path / "run"
     (run / "publish" / "all").mkdir(parents=True)
-    (run / "run.yaml").write_text("run: {name: run}\n")
+    (run / "run.yaml").write_text("run: {name: run}\nbackend: {}\n")
     rows = crafted_rows()
     for r in rows:
         r["sampling"] = str(r["sampling"])

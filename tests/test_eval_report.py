@@ -47,7 +47,7 @@ def _results(name: str, slug: str, control: bool = False) -> dict[str, Any]:
 def test_default_roots(tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / "publish" / "all").mkdir(parents=True)
-    (run / "run.yaml").write_text("run: {}\n")
+    (run / "run.yaml").write_text("run: {}\nbackend: {}\n")
     assert default_root(run) == run / "eval"
     assert default_root(run / "publish") == run / "eval"
     f = tmp_path / "pairs.jsonl"

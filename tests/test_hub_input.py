@@ -183,3 +183,53 @@ def test_a_named_pipe_in_a_local_repository_is_refused_at_load(tmp_path):
     # a Hub name is not a path: nothing is checked until it is loaded
     ok = write_config(tmp_path, input={"format": "hub", "dataset": "alireza7/LaMP-QA"})
     assert load_config(ok).input.dataset == "alireza7/LaMP-QA"
+
+
+def test_two_local_folders_of_one_name_never_share_rows(tmp_path):
+    """datasets keys a local folder's cache entry by its name and layout: a second folder
+    called LaMP-QA (or the same folder with new rows) read the first one's rows, silently.
+    Each folder now reads its own rows, before and after a change, through one cache."""
+    rows = sample_rows()
+
+    def tagged(tag: str, n: int) -> dict[str, list[dict]]:
+        return {c: [dict(r, id=f"{tag}-{c[:3]}-{r['id']}", question=f"({tag}) {r['question']}")
+                    for r in rows[:n]] for c in CONFIGS}  # fmt: skip
+
+    a = build_lamp_repo(tmp_path / "a" / "LaMP-QA")
+    b = build_lamp_repo(tmp_path / "b" / "LaMP-QA", tagged("b", 2))
+    cache = tmp_path / "cache"  # one datasets cache for all three reads
+    got_a = load_examples(_hub(a, cache))
+    got_b = load_examples(_hub(b, cache))
+    assert len(got_a) == 12 and not any(r["question"].startswith("(b)") for r in got_a)
+    assert len(got_b) == 6 and all(r["question"].startswith("(b) ") for r in got_b)
+    # the first folder's rows change: the next read has them
+    build_lamp_repo(a, tagged("a2", 1))
+    again = load_examples(_hub(a, cache))
+    assert len(again) == 3 and all(r["question"].startswith("(a2) ") for r in again)
+
+
+def test_an_unreachable_hub_is_one_line_at_once(tmp_path, monkeypatch):
+    """With no network, asking the Hub retried for about 25 s (11 lines of huggingface_hub's
+    backoff) before the one line that says what to do. When the Hub's host takes no
+    connection, the load runs in offline mode: the cached copy, or that line, at once."""
+    import time
+
+    import datasets
+    from huggingface_hub import constants
+
+    import pipeline.inputs.tables as tables
+
+    monkeypatch.setattr(tables, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # as if online
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    section = InputSection(format="hub", dataset="nobody/no-such-dataset-prb", split="test",
+                           cache_dir=tmp_path / "cache")  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(InputError) as info:
+        load_examples(section)
+    assert time.monotonic() - t0 < 10  # no retries (a busy machine still answers in 10 s)
+    msg = str(info.value)
+    assert "the Hub cannot be reached" in msg and "\n" not in msg
+    assert not datasets.config.HF_HUB_OFFLINE and not constants.HF_HUB_OFFLINE  # restored

@@ -20,7 +20,8 @@ LAYERS: list[tuple[str, list[str]]] = [
         "foundation",
         ["pipeline", "pipeline.errors", "pipeline.ids", "pipeline.io", "pipeline.fields",
          "pipeline.redact", "pipeline.registry", "pipeline.resources", "pipeline.cliargs",
-         "pipeline.progress", "pipeline.run.layout", "pipeline.section", "pipeline.sourcehash"],
+         "pipeline.progress", "pipeline.run.layout", "pipeline.section", "pipeline.sourcehash",
+         "pipeline.modelfiles"],
     ),
     (
         "types and rules",

@@ -443,3 +443,115 @@ def test_failures_that_are_not_consecutive_do_not_abort(
         assert len(cache.errors()) == 5 and cache.count() == 5
     assert sum(isinstance(o, Failure) for o in out.values()) == 5
     assert runner.stats.failed == 5 and server.request_count == 10
+
+
+# ---- a busy server is not a missing one ---------------------------------------------------
+
+
+class _SlowModels:
+    """A loopback HTTP server whose /models answers after ``delays`` seconds, one delay
+    per ask (the last repeats): a single-threaded server busy generating."""
+
+    def __init__(self, delays: list[float]) -> None:
+        import http.server
+        import threading
+
+        owner = self
+        self.asks = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                delay = delays[min(owner.asks, len(delays) - 1)]
+                owner.asks += 1
+                time.sleep(delay)
+                body = json.dumps({"data": [{"id": "m", "object": "model"}]}).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:  # the client gave up waiting
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_busy_server_is_waited_for_then_named_busy_not_down(monkeypatch) -> None:
+    """llama-cpp-python's server answers one request at a time: /models waited behind a
+    generation past the 10 s check, and the run said it could not reach it, suggesting
+    `vllm serve`. It is now asked again with the requests' own timeout, and a server still
+    silent is called busy."""
+    import pipeline.backends.openai_backend as ob
+    from pipeline.backends.settings import OpenAISettings
+
+    monkeypatch.setattr(ob, "MODELS_FIRST_WAIT_S", 0.3)
+    slow = _SlowModels([0.8, 0.0])  # busy for the first ask only
+    try:
+        cfg = OpenAISettings(base_url=slow.base_url, timeout_s=5)
+        ob.check_reachable(cfg)  # answered on the second ask
+        assert slow.asks == 2
+    finally:
+        slow.close()
+    silent = _SlowModels([3.0])
+    try:
+        cfg = OpenAISettings(base_url=silent.base_url, timeout_s=0.8)
+        with pytest.raises(BackendError) as info:
+            ob.check_reachable(cfg)
+        msg = str(info.value)
+        assert "took the connection but did not answer /models within 0.8 s" in msg
+        assert "busy" in msg and "vllm serve" not in msg and "backend.openai.timeout_s" in msg
+    finally:
+        silent.close()
+
+
+def test_a_server_that_is_not_there_names_how_to_start_one() -> None:
+    import socket
+
+    import pipeline.backends.openai_backend as ob
+    from pipeline.backends.settings import OpenAISettings
+
+    with socket.socket() as s:  # a free port, closed again: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BackendError) as info:
+        ob.check_reachable(OpenAISettings(base_url=f"http://127.0.0.1:{port}/v1"))
+    msg = str(info.value)
+    assert "cannot reach the OpenAI-compatible server" in msg
+    assert "`vllm serve MODEL`" in msg and "llama_cpp.server" in msg
+
+
+def test_a_model_the_server_does_not_list_is_a_warning_and_on_the_card() -> None:
+    """llama-cpp-python's server answers any model name with its one model: asked for
+    Qwen2.5-7B, every answer was recorded as Qwen's, and the plan said "(reported as
+    nothing)" without a word. What the server lists is now part of what answered, said as a
+    warning, and in the description the card shows."""
+    import pipeline.backends.openai_backend as ob
+    from pipeline.backends.settings import OpenAISettings
+
+    srv = _SlowModels([0.0])  # lists the model 'm' only
+    try:
+        cfg = OpenAISettings(base_url=srv.base_url)
+        asked = "Qwen/Qwen2.5-7B-Instruct"
+        ident = ob.server_identity(cfg, [asked], "openai")
+        listed = ob.server_identity(cfg, ["m"], "openai")
+    finally:
+        srv.close()
+    assert ident["models"][asked] is None and ident["listed"] == ["m"]
+    (warning,) = OpenAIBackend.warnings(ident)
+    assert f"does not list the model {asked!r} (it lists 'm')" in warning
+    assert "--model_alias" in warning and "backend.model" in warning
+    assert "reported as nothing: the server lists m" in OpenAIBackend.describe(ident)
+    # a model it lists: no warning, and the identity is what it was
+    assert "listed" not in listed and OpenAIBackend.warnings(listed) == []

@@ -81,3 +81,20 @@ def test_quickstart_runs_every_step_offline(tmp_path):
             for name, value in SECRETS.items():
                 assert value.encode() not in data, f"{name} leaked into {f}"
     assert not any(v in res.stdout + res.stderr for v in SECRETS.values())
+
+
+def test_a_local_quickstart_that_kept_nothing_names_a_whole_command(tmp_path):
+    """Its next step was `--set backend.model=PATH.gguf`, which `prb quickstart` does not
+    take: it is now the whole `prb run` line, and the CLI parses it."""
+    import shlex
+
+    from pipeline.cli import build_parser
+    from pipeline.quickstart import next_steps
+
+    text = next_steps({"run_dir": str(tmp_path / "out" / "quickstart-local"), "kept": 0})
+    line = next(x for x in text.splitlines() if "A larger GGUF" in x)
+    command = line.split("(docs/local.md): ", 1)[1]
+    words = shlex.split(command)
+    assert words[1] == "run" and "backend.model=PATH.gguf" in words
+    args = build_parser().parse_args(words[1:])
+    assert args.command == "run" and "backend.name=llamacpp" in args.overrides

@@ -456,3 +456,21 @@ def test_timing_under_the_limit_matches_the_limit_not_max_concurrency() -> None:
     assert got.get(429, 0) <= 2, got
     assert seconds >= (80 - 20) / 20 * 0.9
     assert backend.limits is not None and backend.limits.stats.waited_s > 0
+
+
+def test_a_retry_after_beyond_the_cap_is_said_once_with_what_is_done(
+    server: StandinServer, capsys, monkeypatch
+) -> None:
+    """A Retry-After of a year was capped at backend.backoff_max_s without a word: the run
+    seemed to hang. The first such answer is now one warning line saying what the server
+    asked and what is done; every request is still answered."""
+    import pipeline.backends.ratelimit as rl
+
+    monkeypatch.setattr(rl, "_CAPPED_SAID", set())
+    server.inject("429", count=2, retry_after=31_536_000)  # a year
+    results, _ = run_backend(cfg_for(server, max_concurrency=2, backoff_max_s=0.2), requests(4))
+    assert all(isinstance(r, ChatResult) for r in results)
+    err = [line for line in capsys.readouterr().err.splitlines() if "Retry-After" in line]
+    assert len(err) == 1, err
+    assert "asked to wait 31,536,000 s" in err[0] and "waiting 0.2 s at most" in err[0]
+    assert "backend.backoff_max_s" in err[0]

@@ -409,6 +409,8 @@ def test_vllm_engine_processor_config(monkeypatch):
         "dtype": "auto",
         "enable_prefix_caching": True,
         "max_num_seqs": 512,  # backend.vllm.max_num_seqs, as for the in-process engine
+        # the grammar engine, as for the in-process engine (backend.vllm)
+        "structured_outputs_config": {"backend": "xgrammar"},
         "max_model_len": 8192,
         "enforce_eager": True,
     }

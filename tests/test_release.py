@@ -236,6 +236,9 @@ def test_audit_and_eval_refuse_a_stale_release(stale_run, tmp_path, capsys):
     assert "(10 pairs)" in line or "pairs)" in line
     assert "keeping 0 pairs" in line and "--stale-ok" in line
     assert "stand-in" in line  # the backend it was answered by, and the one now
+    # the run now keeps no pair: publish would refuse it, so it is not what to run next
+    assert "nothing to publish, audit or evaluate" in line and "prb publish" not in line
+    assert f"prb inspect {run}" in line or "prb inspect" in line
     line = _one_line_refusal(capsys, ["eval", str(run), "--scorer", f"rm:{rm}", "--no-progress"])
     assert f"the release {run / 'publish'} is stale" in line and "--stale-ok" in line
     # the release folder itself, addressed directly, is refused the same way

@@ -168,3 +168,87 @@ def test_a_users_dot_tmp_file_in_the_run_survives_the_stray_cleanup(tmp_path, se
     after = disk_state(run)
     assert {k: after[k] for k in mine} == mine
     assert "ingest/.data-00000.jsonl.k3j9x2ab.tmp" not in after
+
+
+# ---- a folder that merely holds files of a run's names is not a run ----------------------
+
+
+def _users_cache(path: Path) -> None:
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE responses (id INTEGER, answer TEXT)")  # a name prb uses too
+    con.execute("CREATE TABLE people (name TEXT)")
+    con.execute("INSERT INTO people VALUES ('ada')")
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize(
+    ("what", "expect"),
+    [
+        ("run.yaml", "run.yaml is not a prb config ('jobs' is not one of its sections)"),
+        ("cache.sqlite", "cache.sqlite is not prb's request cache (it has a table 'people')"),
+        ("judge/stage.json", "judge/stage.json is not prb's record of the judge stage"),
+        ("judge/stage.json+done", "judge/stage.json is not prb's record of the judge stage"),
+    ],
+)
+def test_a_users_folder_with_a_runs_file_names_is_refused_whole(
+    tmp_path, server, capsys, what, expect
+):
+    """A folder of the user's holding their own run.yaml, cache.sqlite or judge/stage.json
+    (with a data shard beside it) was taken for an older run: run.yaml overwritten, tables
+    added to the database, the shard replaced by `--redo judge`. Now every command that
+    would write refuses it in one line, and nothing on disk changes."""
+    folder = tmp_path / "outputs" / "t"
+    folder.mkdir(parents=True)
+    if what == "run.yaml":
+        (folder / "run.yaml").write_text("jobs:\n  build:\n    runs-on: ubuntu\n")
+    elif what == "cache.sqlite":
+        _users_cache(folder / "cache.sqlite")
+    else:
+        (folder / "judge").mkdir()
+        (folder / "judge" / "stage.json").write_text('{"stage": "my judging", "fingerprint": "x"}')
+        (folder / "judge" / "data-00000.jsonl").write_text('{"mine": 1}\n')
+        if what.endswith("+done"):
+            (folder / "judge" / "_DONE.json").write_text('{"files": {}}')
+    cfg = write_config(tmp_path, server, **SMALL)
+    before = disk_state(tmp_path / "outputs")
+    for argv in (["run", str(cfg)], ["run", str(cfg), "--redo", "judge"]):
+        assert main([*argv, "--no-progress"]) == 1
+        line = _one_error_line(capsys)
+        assert "not a run directory" in line and expect in line, line
+        assert disk_state(tmp_path / "outputs") == before  # not a byte written
+    assert main(["status", str(folder)]) != 0
+    assert expect in _one_error_line(capsys)
+    assert disk_state(tmp_path / "outputs") == before
+
+
+def test_an_older_run_without_the_marker_is_still_taken(tmp_path, server):
+    """A run made before the marker existed reads as prb's own and is carried on."""
+    cfg = write_config(tmp_path, server, **SMALL)
+    assert main(["run", str(cfg), "--until", "ingest", "--no-progress"]) == 0
+    run = tmp_path / "outputs" / "t"
+    (run / ".prb-run").unlink()
+    assert RunDir(run).is_run()
+    assert main(["run", str(cfg), "--until", "rubrics", "--no-progress"]) == 0
+    assert RunDir(run).stage("rubrics").done
+
+
+def test_a_missing_ranker_extra_is_one_line_before_anything_is_written(
+    tmp_path, server, capsys, monkeypatch
+):
+    """profile.ranker contriever without its extra crashed `prb plan` and `prb run` with a
+    torch ImportError traceback, after `prb run` had made the run folder. (The libraries
+    are installed here: the ranker is made to need one that is not.)"""
+    import pipeline.profile as profile
+
+    monkeypatch.setitem(profile.RANKER_NEEDS, "contriever", (("no_such_module_prb",), "contriever"))
+    cfg = write_config(tmp_path, server, profile={"ranker": "contriever"}, **SMALL)
+    (tmp_path / "outputs").mkdir()
+    for argv in (["plan", str(cfg)], ["run", str(cfg), "--no-progress"]):
+        assert main(argv) != 0
+        line = _one_error_line(capsys)
+        assert "profile.ranker 'contriever'" in line, line
+        assert "pip install 'personalized-rewardbench[contriever]'" in line, line
+        assert list((tmp_path / "outputs").iterdir()) == []  # no run folder was made

@@ -206,6 +206,12 @@ class Backend(abc.ABC):
         return str(identity.get("kind"))
 
     @classmethod
+    def warnings(cls, identity: dict[str, Any]) -> list[str]:
+        """What a user should hear about an identity :meth:`identify` made (a server that
+        does not list the model asked for); said once before the stages run."""
+        return []
+
+    @classmethod
     def asked(cls, cfg: BackendSection) -> dict[str, Any]:
         """The settings an identity was asked with: a run whose server cannot be reached
         assumes the identity it recorded for the same ones."""

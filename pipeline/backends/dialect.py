@@ -647,12 +647,21 @@ def _url(cfg: OpenAISettings) -> str:
 _SENDING = contextvars.ContextVar("dialect_probe_allowed", default=True)
 # (cache path, url, model, setting) -> what this process found or read
 _FOUND: dict[tuple[str, str, str, str], Probed] = {}
+# (server URL, model) whose dialect a plan could not know: auto, never asked, no record
+_NOT_KNOWN: dict[tuple[str, str], None] = {}
+
+
+def not_known_yet() -> list[tuple[str, str]]:
+    """(server URL, model) pairs a plan counted with today's body because what the server
+    takes is not known yet (``structured_output: auto``, no run has asked it)."""
+    return list(_NOT_KNOWN)
 
 
 @contextlib.contextmanager
 def without_probing() -> Iterator[None]:
     """Inside: what a server takes is read from a run's record only, never asked (``prb
-    plan`` sends nothing)."""
+    plan`` sends nothing). What it could not know is listed by :func:`not_known_yet`."""
+    _NOT_KNOWN.clear()
     token = _SENDING.set(False)
     try:
         yield
@@ -704,6 +713,8 @@ def resolve(
         _FOUND[memo] = Probed(recorded, "recorded", kept=True)
         return recorded
     if not _SENDING.get():
+        if cfg.structured_output == "auto":
+            _NOT_KNOWN[(_url(cfg), model)] = None
         return _fixed(cfg)
     found = probe(cfg, model, _fixed(cfg))
     _FOUND[memo] = found

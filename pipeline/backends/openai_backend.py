@@ -46,7 +46,13 @@ from tenacity import (
 from pipeline.backends import dialect as dialects
 from pipeline.backends.base import Backend, RequestFeed, Resolve
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
-from pipeline.backends.ratelimit import RateLimiter, Ticket, estimate_tokens, retry_after
+from pipeline.backends.ratelimit import (
+    RateLimiter,
+    Ticket,
+    estimate_tokens,
+    retry_after,
+    say_capped_wait,
+)
 from pipeline.backends.settings import OpenAISettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
@@ -210,6 +216,7 @@ class _Wait:
         exc = state.outcome.exception() if state.outcome else None
         hinted = retry_after_seconds(exc) if exc is not None else None
         if hinted is not None:
+            say_capped_wait(hinted, self.maximum)
             return min(hinted, self.maximum)
         return self.backoff(state)
 
@@ -492,6 +499,20 @@ class OpenAIBackend(Backend):
         return describe_server(identity)
 
     @classmethod
+    def warnings(cls, identity: dict[str, Any]) -> list[str]:
+        listed = identity.get("listed") or []
+        missing = [n for n, m in (identity.get("models") or {}).items() if m is None]
+        if not listed or not missing:
+            return []
+        names = ", ".join(repr(n) for n in missing)
+        return [
+            f"the server at {identity.get('url')} does not list the model {names} (it lists "
+            f"{', '.join(repr(x) for x in listed)}); a server that answers any name with the "
+            "model it has (llama-cpp-python's does) has its answers recorded under the name "
+            "asked: set backend.model to a name it lists, or start it with --model_alias NAME"
+        ]
+
+    @classmethod
     def batch_priced(cls, cfg: BackendSection) -> bool:
         return cfg.openai.batch
 
@@ -518,19 +539,26 @@ def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> di
         reported[name] = (
             {k: m.get(k) for k in ("id", "root", "owned_by")} if isinstance(m, dict) else None
         )
-    return {
+    out: dict[str, Any] = {
         "kind": kind,
         "url": plain_url(str(cfg.base_url)),
         "models": reported,
         "model_output": True,
         **bounds,
     }
+    if by_id and None in reported.values():
+        # a model asked for that the server does not list: what it does list is part of
+        # what answered (llama-cpp-python's server answers any name with its one model)
+        out["listed"] = sorted(str(k) for k in by_id)[:10]
+    return out
 
 
 def describe_server(identity: dict[str, Any]) -> str:
     models = identity.get("models") or {}
+    listed = identity.get("listed") or []
+    unlisted = f"nothing: the server lists {', '.join(listed)}" if listed else "nothing"
     shown = ", ".join(
-        f"{name} (reported as {(m or {}).get('id') or 'nothing'})" for name, m in models.items()
+        f"{name} (reported as {(m or {}).get('id') or unlisted})" for name, m in models.items()
     )
     text = f"the server at {identity.get('url')}: {shown or 'no model reported'}"
     for name, record in sorted((identity.get("dialect") or {}).items()):
@@ -542,18 +570,69 @@ def describe_server(identity: dict[str, Any]) -> str:
     return text
 
 
-def check_reachable(cfg: OpenAISettings) -> None:
-    """Fail fast with a clear message when the server cannot be reached at all."""
+# how long the first ask of /models waits: a server that is up answers it at once
+MODELS_FIRST_WAIT_S = 10.0
+
+
+def _unreachable(cfg: OpenAISettings, exc: BaseException) -> BackendError:
+    from pipeline.redact import public_url, redact
+
+    return BackendError(
+        f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
+        f"({redact(str(exc))}); start it (`vllm serve MODEL`, `python -m llama_cpp.server "
+        "--model FILE.gguf`, ...) or fix backend.openai.base_url"
+    )
+
+
+def _timed_out(exc: BaseException) -> bool:
+    reason = getattr(exc, "reason", exc)
+    return isinstance(reason, TimeoutError) or "timed out" in str(reason)
+
+
+def _ask_models(cfg: OpenAISettings) -> bytes:
+    """The body of ``GET /models``, asked with the requests' own address and credentials.
+
+    A server that takes the connection but does not answer within MODELS_FIRST_WAIT_S is
+    busy, not down (llama-cpp-python's server answers one request at a time, so /models
+    waits behind a generation): it is asked again with the requests' own timeout before
+    anything is said. HTTPError goes to the caller; not reachable, or still silent, is one
+    BackendError saying which."""
     import urllib.error
     import urllib.request
 
-    from pipeline.redact import public_url, redact
+    from pipeline.redact import public_url
 
-    # the same address, query string and credentials as the requests themselves
     ep = endpoint(cfg)
+    req = urllib.request.Request(ep.url("/models"), headers=ep.headers)
+    waits = [min(cfg.timeout_s, MODELS_FIRST_WAIT_S)]
+    if cfg.timeout_s > waits[0]:
+        waits.append(cfg.timeout_s)
+    for i, wait in enumerate(waits):
+        try:
+            with urllib.request.urlopen(req, timeout=wait) as resp:
+                return bytes(resp.read(4_000_000))
+        except urllib.error.HTTPError:
+            raise
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            if not _timed_out(exc):
+                raise _unreachable(cfg, exc) from None
+            if i + 1 < len(waits):
+                continue
+            raise BackendError(
+                f"the server at {public_url(cfg.base_url)} took the connection but did not "
+                f"answer /models within {wait:g} s: it is busy (a server that answers one "
+                "request at a time, such as llama-cpp-python's, is still generating); wait "
+                "for it, or raise backend.openai.timeout_s"
+            ) from None
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def check_reachable(cfg: OpenAISettings) -> None:
+    """Fail fast with a clear message when the server cannot be reached at all."""
+    import urllib.error
+
     try:
-        req = urllib.request.Request(ep.url("/models"), headers=ep.headers)
-        urllib.request.urlopen(req, timeout=min(cfg.timeout_s, 10)).close()
+        _ask_models(cfg)
     except urllib.error.HTTPError as exc:
         # it answered. 401: the credentials are refused, and every request would be too.
         # Anything else (a 404 from a server without /models, a 403 for a key that may
@@ -564,12 +643,6 @@ def check_reachable(cfg: OpenAISettings) -> None:
                 detail = _error_text(exc.read().decode("utf-8", "replace"))
             raise auth_error(cfg, 401, detail) from None
         return
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise BackendError(
-            f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
-            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix "
-            "backend.openai.base_url"
-        ) from None
 
 
 def list_models(cfg: OpenAISettings) -> list[dict[str, Any]]:
@@ -578,15 +651,9 @@ def list_models(cfg: OpenAISettings) -> list[dict[str, Any]]:
     may chat but not list models). Raises BackendError when the server cannot be reached
     or refuses the credentials."""
     import urllib.error
-    import urllib.request
 
-    from pipeline.redact import public_url, redact
-
-    ep = endpoint(cfg)  # the same address, query string and credentials as the requests
     try:
-        req = urllib.request.Request(ep.url("/models"), headers=ep.headers)
-        with urllib.request.urlopen(req, timeout=min(cfg.timeout_s, 10)) as resp:
-            body = json.loads(resp.read(4_000_000))
+        raw = _ask_models(cfg)
     except urllib.error.HTTPError as exc:
         if exc.code == 401:
             detail = ""
@@ -594,12 +661,10 @@ def list_models(cfg: OpenAISettings) -> list[dict[str, Any]]:
                 detail = _error_text(exc.read().decode("utf-8", "replace"))
             raise auth_error(cfg, 401, detail) from None
         return []
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise BackendError(
-            f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
-            f"({redact(str(exc))}); start it (e.g. `vllm serve MODEL`) or fix "
-            "backend.openai.base_url"
-        ) from None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return []
     data = body.get("data") if isinstance(body, dict) else None
     return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import re
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -281,6 +282,7 @@ class RateLimiter:
         self.stats.rate_limited += 1
         hinted = retry_after(headers)
         if hinted is not None:
+            say_capped_wait(hinted, self.max_pause_s)
             self.pause_until = max(self.pause_until, now + min(hinted, self.max_pause_s))
         # with the headers the buckets pace the sends and the pause covers a miss; halving
         # the window too would starve a slow server of the requests in flight it needs
@@ -295,6 +297,26 @@ class RateLimiter:
             self._cut_after = self._seq
             self.stats.cuts += 1
             self.stats.lowest_window = min(self.stats.lowest_window, self.window)
+
+
+# what a server asked and was not given, said once per process (a run's every request may
+# carry the same Retry-After)
+_CAPPED_SAID: set[str] = set()
+
+
+def say_capped_wait(asked: float, cap: float, where: str = "the server") -> None:
+    """One line, the first time ``where`` asks to wait longer than ``cap`` seconds: what
+    it asked and what is done instead (a wait of years would stall the run for good)."""
+    if asked <= cap or where in _CAPPED_SAID:
+        return
+    _CAPPED_SAID.add(where)
+    print(
+        f"warning: {where} asked to wait {asked:,.0f} s before trying again (Retry-After); "
+        f"waiting {cap:g} s at most (backend.backoff_max_s), so requests it keeps refusing "
+        "fail after backend.max_attempts tries and are asked again on the next run",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:

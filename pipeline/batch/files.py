@@ -72,7 +72,14 @@ def _lock(rd: RunDir) -> RunLock:
 
 
 def _run_stages(
-    cfg: Config, rd: RunDir, lock: RunLock, *, progress: bool, echo: Echo, command: str
+    cfg: Config,
+    rd: RunDir,
+    lock: RunLock,
+    *,
+    progress: bool,
+    echo: Echo,
+    command: str,
+    what: str = "prb batch export",
 ) -> Pass:
     """The stages, as `prb run` runs them, until the first that waits for answers; the
     lock (from :func:`_lock`) is released at the end, as run_pipeline releases it."""
@@ -80,7 +87,10 @@ def _run_stages(
 
     with recording() as rec:
         try:
-            run_pipeline(cfg, progress=progress, echo=echo, lock=lock, command=command)
+            run_pipeline(
+                cfg, progress=progress, echo=echo, lock=lock, command=command,
+                keep_finished=what,
+            )  # fmt: skip
         except Unanswered as exc:
             return Pass(rec, exc)
         except StageError:
@@ -91,7 +101,10 @@ def _run_stages(
                 raise
             again = _lock(rd)
             try:
-                run_pipeline(cfg, progress=progress, echo=echo, lock=again, command=command)
+                run_pipeline(
+                    cfg, progress=progress, echo=echo, lock=again, command=command,
+                    keep_finished=what,
+                )  # fmt: skip
             except Unanswered as exc:
                 return Pass(rec, exc)
     return Pass(rec, None)
@@ -247,7 +260,9 @@ def import_results(
         lock.release()
         raise
     # the runner validates and caches what was kept, and records what is still missing
-    done = _run_stages(cfg, rd, lock, progress=progress, echo=echo, command=command)
+    done = _run_stages(
+        cfg, rd, lock, progress=progress, echo=echo, command=command, what="prb batch import"
+    )
     res.stopped, res.waiting = done.stopped, len(done.waiting)
     if keep:
         with RequestCache(rd.cache_path, readonly=True) as cache:

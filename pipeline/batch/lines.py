@@ -121,6 +121,9 @@ def read_results(
         except ValueError as exc:
             yield Parsed(where, code="broken line", why=f"not a JSON line ({exc})")
             continue
+        except RecursionError:  # one line must not stop the file's other lines
+            yield Parsed(where, code="broken line", why="nested too deeply to be a result line")
+            continue
         if not isinstance(obj, dict):
             yield Parsed(where, code="broken line", why="not a JSON object")
             continue

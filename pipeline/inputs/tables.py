@@ -12,7 +12,10 @@ source, the 1-based row and the column."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Iterator, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -254,6 +257,63 @@ def _offline() -> bool:
     return bool(datasets.config.HF_HUB_OFFLINE)
 
 
+@lru_cache(maxsize=1)
+def _hub_reachable() -> bool:
+    """Whether the Hub's host takes a connection within 3 s (once per process). Without a
+    network, asking the Hub costs about 25 s of retries (huggingface_hub backs off five
+    times) before the one line that says what to do; a proxy is trusted to reach it."""
+    import socket
+    import urllib.parse
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    from huggingface_hub import constants
+
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    if not url.hostname:
+        return True
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _offline_mode() -> Iterator[None]:
+    """datasets and huggingface_hub in offline mode for one load: the cached copy is read,
+    and a dataset that is not cached fails at once instead of retrying the Hub."""
+    import datasets
+    from huggingface_hub import constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+
+
+def _local_cache(folder: Path, cache_dir: Path | None) -> Path:
+    """A datasets cache of its own for a local dataset folder, keyed by the folder's real
+    path and its files (relative path, size, modification time). ``datasets`` keys a local
+    folder's cache entry by its name and layout, so two folders of one name (or a folder
+    whose rows changed) shared an entry and the second read the first's rows, silently."""
+    import hashlib
+
+    import datasets
+
+    real = folder.resolve()
+    h = hashlib.sha256(str(real).encode())
+    for p in sorted(real.rglob("*")):
+        if p.is_file() and ".git" not in p.relative_to(real).parts:
+            st = p.stat()
+            h.update(f"{p.relative_to(real)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    base = cache_dir if cache_dir is not None else Path(datasets.config.HF_DATASETS_CACHE)
+    return base / "prb-local" / h.hexdigest()[:16]
+
+
 class HubFormat(InputFormat):
     summary = "a dataset on the Hugging Face Hub (input.dataset, input.configs, input.split)."
 
@@ -303,6 +363,12 @@ class HubFormat(InputFormat):
         c = self.section
         where = self._label(config)
         cache_dir = self.resolve(c.cache_dir)
+        source = self._source()
+        local = Path(source).is_dir()
+        if local:
+            cache_dir = _local_cache(Path(source), cache_dir)
+        # the Hub out of reach: read the cached copy, or fail at once (_load_error says so)
+        hub_down = not local and not _offline() and not _hub_reachable()
         # datasets' progress bars and notes ("Using the latest cached version...") would
         # break into prb's own lines; its errors still come back as exceptions
         bars = datasets.utils.logging.is_progress_bar_enabled()
@@ -310,13 +376,14 @@ class HubFormat(InputFormat):
         datasets.disable_progress_bars()
         datasets.utils.logging.set_verbosity_error()
         try:
-            ds = datasets.load_dataset(
-                self._source(),
-                config,
-                split=c.split,
-                revision=c.revision,
-                cache_dir=str(cache_dir) if cache_dir is not None else None,
-            )
+            with _offline_mode() if hub_down else contextlib.nullcontext():
+                ds = datasets.load_dataset(
+                    source,
+                    config,
+                    split=c.split,
+                    revision=c.revision,
+                    cache_dir=str(cache_dir) if cache_dir is not None else None,
+                )
         except InputError:
             raise
         except Exception as exc:  # ConnectionError, ValueError, FileNotFoundError...

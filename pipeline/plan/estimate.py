@@ -197,7 +197,44 @@ def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
             note += "; the cache cannot be matched, so every request counts as to be sent"
         ctx.assume_served_by({"kind": "unknown", "model_output": True, "reason": str(exc)[:200]})
         return "unknown: " + str(exc)[:200], [note]
-    return describe(ident), list(dict.fromkeys(ctx.warnings))
+    notes = list(dict.fromkeys(ctx.warnings))
+    from pipeline.backends.dialect import not_known_yet
+
+    unknown = not_known_yet()
+    if unknown:
+        url, _ = unknown[0]
+        models = ", ".join(repr(m) for _, m in unknown)
+        extra = _largest_schema_tokens(ctx)
+        notes.append(
+            f"what the server at {url} takes for JSON requests with {models} is not known "
+            "yet (backend.openai.structured_output: auto asks it at the first run's first "
+            "request): counted as today's body. A server that takes only json_object or no "
+            "response_format (llama-cpp-python's, some providers) is also sent each schema "
+            f"in the system message, up to about {extra:,} prompt tokens more a JSON request, "
+            "so a run.budget.tokens set from this plan can stop the run early; set "
+            "backend.openai.structured_output to what the server takes to count it exactly"
+        )
+    return describe(ident), notes
+
+
+def _largest_schema_tokens(ctx: Context) -> int:
+    """About how many prompt tokens the largest JSON schema this config sends adds when it
+    is stated in the system message (four characters a token)."""
+    from pipeline import schemas
+    from pipeline.backends.dialect import schema_statement
+
+    c = ctx.config
+    j, r = c.judge, c.rubrics
+    m, cap = j.sampling.max_tokens, j.rationale_max_chars
+    found = [
+        schemas.quality_schema(m, cap),
+        schemas.pairwise_schema(m, cap),
+        schemas.coverage_schema(max(r.max_items, 10), m, cap)[0],
+    ]
+    if r.source == "generated":
+        found.append(schemas.rubric_schema(r.min_items, r.max_items, r.sampling.max_tokens))
+    texts = [schema_statement(ctx.sent_schema(s)) for s in found]
+    return max(len(t) for t in texts) // 4 if texts else 0
 
 
 def estimate(
@@ -269,6 +306,11 @@ def _estimate(
             )
 
     ingest_plan = plans[0]
+    if ingest_plan.action != "skip":
+        from pipeline.profile import check_ranker_installed
+
+        # the plan ranks profiles as ingest would: a missing ranker extra is one line
+        check_ranker_installed(config.profile.ranker)
     ingest_rows = _IngestRows(ctx, ingest_plan.action)
     if ingest_plan.action != "skip":
         ctx.planned_rows["ingest"] = ingest_rows

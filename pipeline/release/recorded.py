@@ -227,6 +227,15 @@ def _release_moved_on(rd: RunDir, summary: Mapping[str, Any]) -> tuple[StageDir,
     return None
 
 
+def _keeps_nothing(rd: RunDir) -> bool:
+    """Whether the run's finished pair stage kept no pair."""
+    sd = rd.stage("pairs")
+    try:
+        return sd.done and sd.stats().get("kept") == 0
+    except PipelineError:
+        return False
+
+
 def check_current(
     source: Path,
     rd: RunDir,
@@ -261,6 +270,12 @@ def check_current(
         what = f"the release {source} is stale: it was built from {when}"
         what += f" ({kept} pairs)" if kept is not None else ""
         redo = f"run `prb publish {rd.shown}` once the run is done to build it again"
+        if _keeps_nothing(rd):
+            # publish refuses a run that keeps no pair: pointing there would be a loop
+            redo = (
+                f"the run's pair stage now keeps no pair, so there is nothing to publish, audit "
+                f"or evaluate (`prb inspect {rd.shown}` says why each example was dropped)"
+            )
     else:
         what = f"the pair stage of {rd.shown} is stale"
         redo = "finish the run (`prb run CONFIG`) to rebuild it"

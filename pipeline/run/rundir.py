@@ -202,13 +202,41 @@ class RunDir:
             yield path, line, start, raw, rec
 
     def is_run(self) -> bool:
-        """Whether this folder looks like a run directory: its marker, run.yaml, the
-        request cache or a stage folder in it (runs made before the marker have none)."""
+        """Whether this folder is a run directory prb wrote: its marker, or (a run made
+        before the marker) files that read as prb's own (:meth:`not_a_run`)."""
+        return self.not_a_run() is None
+
+    def not_a_run(self) -> str | None:
+        """Why this folder is not a run directory prb wrote; None when it is one.
+
+        The marker says so. A run made before the marker has none: it is one when it holds
+        run.yaml, cache.sqlite or a stage's stage.json and every one of them reads as
+        prb's own (a prb config, a request cache with prb's tables and no others, a stage
+        record of prb's shape with its manifest). A folder of the user's that merely holds
+        files of those names is not taken for a run: prb would write into it."""
         if (self.path / layout.RUN_MARKER).is_file():
-            return True
-        if self.config_path.is_file() or self.cache_path.is_file():
-            return True
-        return any((self.path / n / layout.STAGE_META).is_file() for n in STAGE_NAMES)
+            return None
+        found = []
+        if self.config_path.is_file():
+            why = _not_prb_config(self.config_path)
+            if why:
+                return why
+            found.append(layout.RUN_CONFIG)
+        if self.cache_path.is_file():
+            why = _not_prb_cache(self.cache_path)
+            if why:
+                return why
+            found.append(layout.CACHE)
+        for name in STAGE_NAMES:
+            sd = self.stage(name)
+            if (sd.path / layout.STAGE_META).is_file():
+                why = _not_prb_stage(sd)
+                if why:
+                    return why
+                found.append(name)
+        if not found:
+            return "no marker, run.yaml, cache.sqlite or stage folders"
+        return None
 
     def check_writable(self) -> None:
         """Refuse, before anything is written, a folder `prb run` must not write into: one
@@ -220,16 +248,22 @@ class RunDir:
         fix = "set run.output_dir or run.name to a new or empty folder, or to an earlier run"
         if not p.is_dir():
             raise InputError(f"the run directory is {_kind(p)}, not a folder; {fix}", path=p)
-        if self.is_run():
+        why = self.not_a_run()
+        if why is None:
             return
         # .lock alone: an earlier `prb run` refused this (empty) folder after locking it
         found = sorted(x.name for x in p.iterdir() if x.name != layout.LOCK)
         if found:
             more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+            held = f"it holds {found[0]!r}{more}"
+            why = (
+                f"{held}: {why}"
+                if not why.startswith("no marker")
+                else f"{held}, not written by prb"
+            )
             raise InputError(
-                f"exists and is not a run directory (it holds {found[0]!r}{more}, not written "
-                f"by prb); `prb run` writes only into a new or empty folder or an earlier "
-                f"run, so nothing was written: {fix}",
+                f"exists and is not a run directory ({why}); `prb run` writes only into a "
+                f"new or empty folder or an earlier run, so nothing was written: {fix}",
                 path=p.resolve(),
             )
 
@@ -282,6 +316,70 @@ class RunDir:
         return (self.release_dir / layout.RELEASE_ALL).is_dir()
 
 
+# run.yaml's top-level sections, in any version of prb (the config's sections today; prices
+# and budget were sections once)
+_CONFIG_SECTIONS = frozenset(
+    {"run", "input", "backend", "profile", "rubrics", "responses", "judge", "pairs",
+     "annotation", "prices", "budget"}
+)  # fmt: skip
+
+
+def _not_prb_config(path: Path) -> str | None:
+    """Why ``path`` is not a run.yaml prb wrote (its resolved config); None when it is."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return f"{layout.RUN_CONFIG} is not YAML prb wrote"
+    if not isinstance(data, dict):
+        return f"{layout.RUN_CONFIG} is not a prb config (not a mapping of sections)"
+    other = sorted(str(k) for k in data if k not in _CONFIG_SECTIONS)
+    if other:
+        return f"{layout.RUN_CONFIG} is not a prb config ({other[0]!r} is not one of its sections)"
+    if not all(isinstance(data.get(k), dict) for k in ("run", "backend")):
+        return f"{layout.RUN_CONFIG} is not a prb config (no run and backend sections)"
+    return None
+
+
+def _not_prb_cache(path: Path) -> str | None:
+    """Why ``path`` is not a request cache prb wrote; None when it is. Opened read-only:
+    a user's database is never changed by looking."""
+    import sqlite3
+
+    from pipeline.cache import SQLITE_TABLES, TABLES
+
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return f"{layout.CACHE} is not a database prb wrote"
+    other = sorted(names - TABLES - SQLITE_TABLES)
+    if other or "responses" not in names:
+        shown = f"it has a table {other[0]!r}" if other else "it has no responses table"
+        return f"{layout.CACHE} is not prb's request cache ({shown})"
+    return None
+
+
+def _not_prb_stage(sd: StageDir) -> str | None:
+    """Why a stage folder's records are not prb's; None when stage.json is prb's record
+    of that stage and its manifest is there."""
+    where = f"{sd.name}/{layout.STAGE_META}"
+    try:
+        meta = sd.meta
+        marker = sd.marker()
+    except RunDirError:
+        return f"{where} or its manifest is not a stage record prb wrote"
+    if meta is None or meta.stage != sd.name:
+        return f"{where} is not prb's record of the {sd.name} stage"
+    if marker is None or marker.files is None:
+        return f"{where} has no manifest ({layout.STAGE_MARKER}) beside it"
+    return None
+
+
 def _kind(path: Path) -> str:
     return path_kind(path) or "a link to nothing"
 
@@ -332,10 +430,8 @@ def open_run(target: str | Path, overrides: Sequence[str] = ()) -> tuple[RunDir,
     if not target.is_dir():
         raise InputError(f"not a file or a folder; {hint}", path=target)
     rd = RunDir(target)
-    if not rd.is_run():
-        raise InputError(
-            "not a run directory (no run.yaml, cache.sqlite or stage folders); " + hint,
-            path=target,
-        )
+    why = rd.not_a_run()
+    if why is not None:
+        raise InputError(f"not a run directory ({why}); " + hint, path=target)
     found: Config | None = rd.load_config(overrides) if overrides else rd.try_config()
     return rd, found

@@ -390,4 +390,5 @@ def resolve_identity(ctx: Context) -> dict[str, Any]:
                 note = "not reachable now; assumed to be what served this run before"
                 return {**recorded, "assumed": note}
         raise
+    ctx.warnings.extend(kind.warnings(identity))
     return {**identity, "asked": asked}
