@@ -225,14 +225,15 @@ def test_a_users_folder_with_a_runs_file_names_is_refused_whole(
 
 
 def test_an_older_run_without_the_marker_is_still_taken(tmp_path, server):
-    """A run made before the marker existed reads as prb's own and is carried on."""
+    """A run made before the marker existed (its run.yaml, its request cache in WAL mode,
+    its finished stages) reads as prb's own and is carried on."""
     cfg = write_config(tmp_path, server, **SMALL)
-    assert main(["run", str(cfg), "--until", "ingest", "--no-progress"]) == 0
+    assert main(["run", str(cfg), "--until", "responses", "--no-progress"]) == 0
     run = tmp_path / "outputs" / "t"
     (run / ".prb-run").unlink()
-    assert RunDir(run).is_run()
-    assert main(["run", str(cfg), "--until", "rubrics", "--no-progress"]) == 0
-    assert RunDir(run).stage("rubrics").done
+    assert (run / "cache.sqlite").is_file() and RunDir(run).not_a_run() is None
+    assert main(["run", str(cfg), "--until", "judge", "--no-progress"]) == 0
+    assert RunDir(run).stage("judge").done
 
 
 def test_a_missing_ranker_extra_is_one_line_before_anything_is_written(

@@ -128,8 +128,8 @@ class OpenAISettings(Settings):
         False,
         description="Send JSON schemas with their free-text maxLength bounds: for a server "
         "whose grammar engine enforces them cheaply (llama-cpp-python's server, vLLM with "
-        "--structured-outputs-config.backend guidance). Off: the bounds are checked on "
-        "this side only (docs/structured-output.md).",
+        "the guidance structured-output backend). Off: the bounds are checked on this side "
+        "only (docs/structured-output.md).",
     )
 
     follow_rate_limits: bool = Field(

@@ -159,7 +159,7 @@ class BatchFileBackend(Backend):
     ) -> dict[str, Any]:
         # from the config alone: nothing is contacted, so every command agrees on the keys;
         # schemas go with their string bounds only when asked (backend.openai.schema_bounds:
-        # for run_batch with --structured-outputs-config.backend guidance)
+        # for run_batch with --structured-outputs-config '{"backend": "guidance"}')
         ident = {"kind": cls.name, "models": sorted(set(models)), "model_output": True}
         if cfg.openai.schema_bounds:
             ident[SCHEMA_BOUNDS] = True
