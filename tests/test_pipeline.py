@@ -328,3 +328,33 @@ def test_each_stage_sizes_its_own_shards(tmp_path, server, capsys):
     err = capsys.readouterr().err
     assert "[judge] re-doing: judge.chunk_size: 2 -> 3" in err
     assert "[responses] done, nothing to do" in err
+
+
+# ---- a given rubric is the input's ---------------------------------------------------------
+
+
+def test_every_example_with_a_given_rubric_is_kept_as_the_input_has_it(tmp_path, server):
+    """An example whose LaMP-QA rubric_aspects hold one aspect, or two near-duplicates, was
+    dropped by the checks meant for generated rubrics (min_items, merging): the regenerated
+    subsets came out smaller than the input. Given rubrics are kept as they are; merging them
+    is asked for with rubrics.merge_given."""
+    rows = [json.loads(x) for x in (Path(__file__).parent.parent / "examples" /
+                                    "sample_lamp.jsonl").read_text().splitlines()[:3]]  # fmt: skip
+    one = {"aspect": "Mentions a cheap way to practise", "evidence": "e", "reason": "r"}
+    twin = {"aspect": "Mentions a cheap way to practise daily", "evidence": "e", "reason": "r"}
+    rows[0]["rubric_aspects"] = [one]
+    rows[1]["rubric_aspects"] = [one, twin]
+    data = tmp_path / "input.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = write_config(tmp_path, server, input={"path": str(data)})
+    assert main(["run", str(cfg), "--until", "rubrics", "--no-progress"]) == 0
+    sd = RunDir(tmp_path / "outputs" / "t").stage("rubrics")
+    got = {r["example_id"]: len(r["items"]) for r in sd.rows()}
+    assert len(got) == 3 and not list(sd.rejects())
+    counts = sorted(got.values())
+    assert counts[0] == 1 and 2 in counts  # the one-aspect rubric, the near-duplicate pair
+
+    assert main(["run", str(cfg), "--until", "rubrics", "--no-progress",
+                 "--set", "rubrics.merge_given=true"]) == 0  # fmt: skip
+    merged = sorted(len(r["items"]) for r in sd.rows())
+    assert merged.count(1) == 2 and len(merged) == 3  # the twins merged, still kept

@@ -255,6 +255,11 @@ class RubricsSection(_Section):
         le=100,
         description="rapidfuzz token_set_ratio at or above which two aspects are merged.",
     )
+    merge_given: bool = Field(
+        False,
+        description="Merge near-identical aspects of a given rubric too (off: a given rubric "
+        "is kept as the input has it, as the reference keeps it; only exact repeats go).",
+    )
     sampling: SamplingSection = Field(
         default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=2048),
         description="Sampling for rubric generation (greedy by default: one rubric per user); "

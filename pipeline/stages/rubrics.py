@@ -168,8 +168,14 @@ class RubricStage(Stage):
         self, ctx: Context, example: dict, raw: list[dict], source: str, prov: dict
     ) -> tuple[dict | None, dict | None]:
         r = ctx.config.rubrics
-        kept, merged = merge_items(raw, r.merge_threshold)
-        if len(kept) < r.min_items:
+        generated = source == "generated"
+        # a given rubric is the input's: kept as it is (the reference keeps every question),
+        # merged only when asked; the item counts are a generated rubric's checks
+        if generated or r.merge_given:
+            kept, merged = merge_items(raw, r.merge_threshold)
+        else:
+            kept, merged = list(raw), []
+        if generated and len(kept) < r.min_items:
             return None, _reject(
                 example,
                 "too_few_items",
