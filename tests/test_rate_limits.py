@@ -371,7 +371,10 @@ def test_a_stage_sized_burst_under_a_request_limit_finishes_with_few_429s(transp
         r.reason for r in results if isinstance(r, RequestFailure)
     ][:3]
     assert got.get(200) == n
-    assert got.get(429, 0) <= n * 0.02, got
+    # few: a pool that ignores the limit is refused on over a quarter of its requests (the
+    # next test). The bucket is timed on both sides, so a busy machine shifts a few sends
+    # across a refill: 5 of 200 were refused once in CI on the shared 2-core machine
+    assert got.get(429, 0) <= n * 0.05, got
     # the limit held: no faster than the bucket and its refill allow
     assert answered_at[-1] - answered_at[0] >= (n - 60) / 30 * 0.9
     # never more in flight than max_concurrency, counted on the server
