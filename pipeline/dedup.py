@@ -457,11 +457,13 @@ class Duplicate(NamedTuple):
 
 
 def profile_text(profile: Any) -> str | None:
-    """A profile as one text: already joined, or a list of posts with ``text`` joined with
-    newlines; None when there is none."""
+    """A profile as one text: already joined, or a list of posts with ``text``, sorted and
+    joined with newlines (so a profile reads the same whichever ranking ordered it: a
+    release holds each row's posts in that question's ranked order); None when there is
+    none."""
     if profile is None or isinstance(profile, str):
         return profile or None
-    texts = [p.get("text") or "" for p in profile if isinstance(p, Mapping)]
+    texts = sorted(p.get("text") or "" for p in profile if isinstance(p, Mapping))
     return "\n".join(texts) or None
 
 

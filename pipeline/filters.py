@@ -48,6 +48,8 @@ KEEP: Verdict = (True, None)
 class PairFilter:
     name: ClassVar[str]
     set_level: ClassVar[bool] = False
+    # reads the judge's verdicts: refused in a run whose judge is off (judge.enabled)
+    reads_verdicts: ClassVar[bool] = False
 
     def __init__(self, rules: Rules) -> None:
         # one Rules per run, shared by every filter (``Rules.from_config`` of the run's
@@ -83,6 +85,7 @@ class JudgeParse(PairFilter):
     """Every judgment of the pair parsed (after re-asks); otherwise nothing can be trusted."""
 
     name = "judge_parse"
+    reads_verdicts = True
 
     def check(self, pair: PairView) -> Verdict:
         for label, j in (
@@ -210,6 +213,7 @@ class QualityFloor(PairFilter):
     """Both answers must be correct, relevant and helpful on their own."""
 
     name = "quality_floor"
+    reads_verdicts = True
 
     def check(self, pair: PairView) -> Verdict:
         for side, q in (("chosen", pair.quality_chosen), ("rejected", pair.quality_rejected)):
@@ -224,6 +228,7 @@ class QualityGap(PairFilter):
     """General quality must not separate the answers: only preference should."""
 
     name = "quality_gap"
+    reads_verdicts = True
 
     def check(self, pair: PairView) -> Verdict:
         qc, qr = pair.quality_chosen, pair.quality_rejected
@@ -239,6 +244,7 @@ class Coverage(PairFilter):
     for violate_one, still covers the others."""
 
     name = "coverage"
+    reads_verdicts = True
 
     def check(self, pair: PairView) -> Verdict:
         cc, cr = pair.coverage_chosen, pair.coverage_rejected
@@ -262,6 +268,7 @@ class PairwiseConsistency(PairFilter):
     not (if general quality alone picks the chosen both times, the pair leaks)."""
 
     name = "pairwise_consistency"
+    reads_verdicts = True
 
     def check(self, pair: PairView) -> Verdict:
         h = self.rules.aware_disagrees(

@@ -238,9 +238,16 @@ def contriever_scores(
 def rank_contriever(
     question: str, posts: list[dict[str, Any]], model: str = CONTRIEVER_MODEL, batch_size: int = 16
 ) -> list[int]:
-    """Indices of ``posts`` from most to least relevant; ties keep input order."""
+    """Indices of ``posts`` from most to least relevant, ordered as the reference's
+    ``retrieve/rank_dataset.py`` orders them: ``torch.topk`` over every post's score, as a
+    float32 CPU tensor. Equal scores (a post repeated in a profile) come in the order
+    ``torch.topk`` gives them, which is not input order and may change with the torch
+    version (docs/config.md, "The Contriever ranking")."""
+    import torch
+
     scores = contriever_scores(question, posts, model or CONTRIEVER_MODEL, batch_size)
-    return sorted(range(len(posts)), key=lambda i: (-float(scores[i]), i))
+    values = torch.tensor([float(x) for x in scores], dtype=torch.float32)
+    return [int(i) for i in torch.topk(values, len(posts)).indices.tolist()]
 
 
 def rank_profile(

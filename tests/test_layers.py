@@ -26,8 +26,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "types and rules",
         ["pipeline.chat", "pipeline.records", "pipeline.rules", "pipeline.schemas",
-         "pipeline.prompts", "pipeline.profile", "pipeline.dedup", "pipeline.filters",
-         "pipeline.inputs",
+         "pipeline.prompts", "pipeline.promptfiles", "pipeline.profile", "pipeline.dedup",
+         "pipeline.filters", "pipeline.inputs",
          # the release row's table; its `recorded` module reads runs (a command)
          "pipeline.release",
          # the two registries: names only, their modules load when chosen

@@ -67,9 +67,9 @@ NOT_RUN: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"--policy verified"), "needs the votes of a Label Studio round"),
     (re.compile(r"--push-to-hub"), "uploads to the Hugging Face Hub"),
     (
-        re.compile(r"configs/reference\.yaml|outputs/reference\b"),
-        "downloads LaMP-QA and Contriever from the Hub; tests/test_reference.py runs it on a "
-        "local stand-in of LaMP-QA's layout",
+        re.compile(r"configs/reference(-construction)?\.yaml|outputs/reference\b"),
+        "downloads LaMP-QA and Contriever from the Hub; tests/test_reference.py and "
+        "tests/test_reference_construction.py run them on a local stand-in of LaMP-QA's layout",
     ),
     (re.compile(r"scorer rm:/"), "needs a reward model folder"),
     (re.compile(r"\bbenchmarks/\w+\.py\b"), "a benchmark: minutes to hours each"),

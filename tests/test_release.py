@@ -68,7 +68,14 @@ def test_features_builder_and_checker_come_from_one_table(base_run):
     check_row(row)  # a built row passes its own check
     # the built row has the table's Arrow types: it converts without a cast
     table = pa.Table.from_pylist([row], schema=features().arrow_schema)
-    assert table.to_pylist()[0]["profile_view"] == rec["profile_view"]
+    # the release holds the ranked posts first: the ranking indexes them as 0..k-1
+    view = rec["profile_view"]
+    got = table.to_pylist()[0]
+    assert got["profile_view"] == {**view, "order": list(range(len(view["order"])))}
+    posts = [p["text"] for p in got["profile"]]
+    ranked = [rec["profile"][i]["text"] for i in view["order"]]
+    assert posts[: len(ranked)] == ranked
+    assert sorted(posts) == sorted(p["text"] for p in rec["profile"])
     assert row["human_votes"] == 3 and row["human_round"] == 1
 
 

@@ -127,6 +127,50 @@ def check_consistency(cfg: Config, source: str) -> None:
             )
 
 
+def check_judge_off(cfg: Config, source: str) -> None:
+    """With the judge off (the reference's construction) no filter may need a verdict."""
+    if cfg.judge.enabled:
+        return
+    from pipeline.filters import FILTERS
+
+    needing = [n for n in cfg.pairs.filters if FILTERS.get(n).reads_verdicts]
+    if needing:
+        raise ConfigError(
+            f"judge.enabled is false, but the filters {', '.join(needing)} read the judge's "
+            "verdicts; remove them from pairs.filters or turn the judge on",
+            path=source,
+            field="pairs.filters",
+        )
+
+
+def check_prompt_files(cfg: Config, source: str) -> None:
+    """The prompt files ``prompts`` names exist and hold the placeholders their use needs
+    (read now, not after the rubric stage's requests)."""
+    from pipeline.config.sections import PROMPT_FILE_OPTIONAL, PROMPT_FILE_USES
+    from pipeline.errors import InputError
+    from pipeline.promptfiles import read_prompt_files
+
+    p = cfg.prompts
+    if p.dir is not None and not p.files:
+        raise ConfigError(
+            "prompts.dir is set, but prompts.files names no file; map each prompt to its "
+            "file, e.g. prompts.files: {chosen: chosen.txt, avoid_all: rejected.txt}",
+            path=source,
+            field="prompts.files",
+        )
+    try:
+        read_prompt_files(
+            cfg.resolve_input(p.dir),
+            {str(k): v for k, v in p.files.items()},
+            PROMPT_FILE_USES,
+            PROMPT_FILE_OPTIONAL,
+        )
+    except InputError as exc:
+        if exc.path is None:  # no folder: the config's own field
+            raise ConfigError(exc.reason, path=source, field=exc.field) from None
+        raise
+
+
 def check_output_dir(cfg: Config, source: str) -> None:
     """run.output_dir (and the run directory in it) must be folders, or not exist yet."""
     for p in (Path(cfg.run.output_dir), cfg.run_dir):

@@ -13,7 +13,9 @@ from pipeline.backends.settings import move_flat_keys
 from pipeline.config.checks import (
     check_consistency,
     check_input_paths,
+    check_judge_off,
     check_output_dir,
+    check_prompt_files,
     check_schema_budgets,
 )
 from pipeline.config.overrides import apply_overrides, flat_backend_keys, warn_flat_keys
@@ -145,6 +147,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
             register_value(secret)
     cfg.set_base_dir(path.resolve().parent)  # before the checks that look at the run dir
     check_consistency(cfg, source)
+    check_judge_off(cfg, source)
+    check_prompt_files(cfg, source)
     check_output_dir(cfg, source)
     check_schema_budgets(cfg, source)
     check_input_paths(cfg, source)

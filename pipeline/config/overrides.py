@@ -43,6 +43,7 @@ PATH_FIELDS = (
     "input.questions_path",
     "input.cache_dir",
     "backend.replay.cache",
+    "prompts.dir",
 )
 
 

@@ -316,6 +316,12 @@ class JudgeSection(_Section):
         description="Longest rationale a verdict schema allows (shorter when max_tokens is "
         "tight; see pipeline/schemas.py).",
     )
+    enabled: bool = Field(
+        True,
+        description="false: the stage sends nothing and passes each example's chosen x "
+        "rejected combinations on unjudged (the reference's construction); pairs.filters may "
+        "then hold only filters that read no verdict (docs/filters.md).",
+    )
     max_pairs_per_example: int = Field(
         4,
         ge=1,
@@ -324,6 +330,40 @@ class JudgeSection(_Section):
         "best pointwise margin first.",
     )
     chunk_size: int = _shard_size("judge")
+
+
+# the response prompts a user's file may replace, and the placeholders each needs
+PROMPT_FILE_USES: dict[str, tuple[str, ...]] = {
+    "chosen": ("question", "profile", "plan"),
+    "avoid_all": ("question", "profile", "plan"),
+}
+# filled where a file has them, never required
+PROMPT_FILE_OPTIONAL: tuple[str, ...] = ("word_cap",)
+
+
+class PromptsSection(_Section):
+    dir: Path | None = Field(
+        None,
+        description="A folder of prompt files in the reference's style: plain text with "
+        "{question}, {profile} and {plan} placeholders (e.g. a reference checkout's "
+        "prompts/); relative paths resolve against the config file.",
+    )
+    files: dict[Literal["chosen", "avoid_all"], str] = Field(
+        default_factory=dict,
+        description="Response prompt -> its file in prompts.dir (e.g. chosen: chosen.txt, "
+        "avoid_all: rejected.txt); a prompt not named here is the project's own "
+        '(prompts/*.j2). docs/config.md, "Prompt files".',
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _file_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, name in v.items():
+            if not name.strip() or Path(name).is_absolute() or ".." in Path(name).parts:
+                raise ValueError(
+                    f"{key}: {name!r} is not a file name inside prompts.dir; give e.g. chosen.txt"
+                )
+        return v
 
 
 class PairsSection(_Section):
@@ -544,6 +584,10 @@ class Config(_Section):
         default_factory=ResponsesSection, description="Response stage."
     )
     judge: JudgeSection = Field(default_factory=JudgeSection, description="Judge stage.")
+    prompts: PromptsSection = Field(
+        default_factory=PromptsSection,
+        description="Prompt files that replace the project's response prompts.",
+    )
     pairs: PairsSection = Field(default_factory=PairsSection, description="Pair stage.")
     annotation: AnnotationSection = Field(
         default_factory=AnnotationSection, description="Human verification rounds."

@@ -293,11 +293,33 @@ def _items(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     return (record.get("rubric") or {}).get("items") or []
 
 
+def ranked_profile(record: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], list[int] | None]:
+    """The record's profile as the release holds it: the posts the run's ranking put first
+    (``profile_view.order``), most relevant first, then every other post in source order,
+    so a reader of the first k posts (the reference's BoN/ and PPO/ scripts) reads the
+    ranking; and the ranking's indices into that list (0..k-1). A record without a
+    ranking keeps its source order (and None)."""
+    posts = list(record.get("profile") or [])
+    view = record.get("profile_view")
+    order = view.get("order") if isinstance(view, Mapping) else None
+    if not isinstance(order, list):
+        return posts, None
+    first = list(dict.fromkeys(
+        i for i in order if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(posts)
+    ))  # fmt: skip
+    if len(first) != len(order):  # not a ranking of these posts: the check names it
+        return posts, order
+    shown = set(first)
+    rest = [i for i in range(len(posts)) if i not in shown]
+    return [posts[i] for i in first + rest], list(range(len(first)))
+
+
 def _profile_view(record: Mapping[str, Any]) -> dict[str, Any] | None:
     view = record.get("profile_view")
     if not isinstance(view, Mapping):
         return None
-    return {"ranker": view.get("ranker"), "top_k": view.get("top_k"), "order": view.get("order")}
+    return {"ranker": view.get("ranker"), "top_k": view.get("top_k"),
+            "order": ranked_profile(record)[1]}  # fmt: skip
 
 
 # ---- the table ----------------------------------------------------------------------------
@@ -358,8 +380,9 @@ COLUMNS: tuple[Column, ...] = (
          required=True),
     _col("profile", PROFILE_POST, "reference",
          lambda r, v: [{"id": p.get("id"), "category": p.get("category"),
-                        "text": p.get("text")} for p in r.get("profile") or []],
-         "every past post of the user"),
+                        "text": p.get("text")} for p in ranked_profile(r)[0]],
+         "every past post of the user: the run's top_k ranked first, the rest in source "
+         "order"),
     _col("rubric_aspects", RUBRIC_ASPECT, "reference",
          lambda r, v: [{k: it.get(k) for k in ("aspect", "evidence", "reason")}
                        for it in _items(r)],
@@ -423,8 +446,8 @@ COLUMNS: tuple[Column, ...] = (
     _col("human_round", _unchecked(_I64), "human", lambda r, v: v.get("round")),
     # the run's profile ranking
     _col("profile_view", PROFILE_VIEW, "profile", lambda r, v: _profile_view(r),
-         "the run's ranking: `order` indexes `profile`, most relevant first; `ranker` and "
-         "`top_k` made it"),
+         "the run's ranking: `order` indexes `profile`, most relevant first (the release "
+         "puts them first: 0..k-1); `ranker` and `top_k` made it"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}

@@ -92,7 +92,7 @@ class JudgeStage(Stage):
     writes = JUDGE_FIELDS | {"provenance"}
 
     def uses_llm(self, ctx: Context) -> bool:
-        return True
+        return ctx.config.judge.enabled
 
     def settings(self, ctx: Context) -> dict[str, Any]:
         c = ctx.config
@@ -151,7 +151,43 @@ class JudgeStage(Stage):
         return len({r["example_id"] for r in self.input_rows(ctx, "responses")})
 
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
+        if not ctx.config.judge.enabled:
+            return self._run_unjudged(ctx, out)
         return asyncio.run(self._run(ctx, out))
+
+    def _run_unjudged(self, ctx: Context, out: StageDir) -> dict[str, Any]:
+        """The judge off (``judge.enabled: false``, the reference's construction): each
+        example's row lists its chosen x rejected combinations (the first
+        ``max_pairs_per_example``, by candidate id) with no verdict; nothing is sent."""
+        done = out.done_examples()
+        chunk = self.shard_size(ctx)
+        buffer: list[dict] = []
+        examples = pairs = 0
+        for cands in self._grouped(ctx):
+            ex_id = cands[0]["example_id"]
+            if ex_id in done:
+                continue
+            ex = _Judged("", [], cands, "")
+            ex.pairs = self._shortlist(ctx, ex_id, ex)
+            row = self._row(ctx, ex_id, ex)
+            row["provenance"] = {"judged": False}
+            buffer.append(row)
+            examples += 1
+            pairs += len(ex.pairs)
+            if len(buffer) >= chunk:
+                out.write_shard(buffer)
+                buffer = []
+        if buffer:
+            out.write_shard(buffer)
+        return {
+            "examples": examples,
+            "candidates_judged": 0,
+            "pairs_judged": 0,
+            "pairs_unjudged": pairs,
+            "parse_failures": 0,
+            "resumed_examples": len(done),
+            "judged": False,
+        }
 
     # ---- requests ----------------------------------------------------------------------
     def _request(
@@ -336,6 +372,8 @@ class JudgeStage(Stage):
         in the cache; otherwise the first combinations stand in for it (as many pairs, so
         the count is exact; the prompts are estimates). An example whose row is kept whole
         in the cache (the memo) sends none of them."""
+        if not ctx.config.judge.enabled:
+            return  # nothing is sent
         questions, items = self.prompt_inputs(ctx)
         salt = self.memo_salt(ctx)
         for cands in self._grouped(ctx):

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.dedup import profile_text
 from pipeline.filters import FILTERS, PairFilter, PairView, word_similarity
 from pipeline.ids import pair_id
 from pipeline.io import dumps, loads
@@ -312,7 +313,7 @@ def _view(row: dict) -> dict:
     """What the set-level filters see of a kept pair record."""
     return {k: row[k] for k in ("example_id", "user_id", "question", "chosen", "rejected")} | {
         # interned: the examples of one user mostly share one profile
-        "profile": sys.intern("\n".join(p["text"] for p in row["profile"]))
+        "profile": sys.intern(profile_text(row["profile"]) or "")
     }
 
 

@@ -22,9 +22,11 @@ from rapidfuzz import fuzz, process
 from rapidfuzz.utils import default_process
 
 from pipeline.chat import ChatRequest, ChatResult, Choice
+from pipeline.config.sections import PROMPT_FILE_OPTIONAL, PROMPT_FILE_USES
 from pipeline.fields import count_words
 from pipeline.ids import content_hash, stable_id
 from pipeline.llm import Answer, Failure, Job, text_retry
+from pipeline.promptfiles import PromptFile, read_prompt_files
 from pipeline.prompts import PromptTemplate, load_template
 from pipeline.records import ranked_posts
 from pipeline.rules.text import unfinished
@@ -57,6 +59,55 @@ CANDIDATE_FIELDS = frozenset(
         "violates",
     }
 )
+
+
+@dataclass(frozen=True)
+class FilePrompt:
+    """A response prompt from the user's file (``prompts.dir`` / ``prompts.files``), in the
+    reference's style: one user turn, the file's text with ``{question}``, ``{profile}``
+    (the ranked posts, ``Post i (Category: c):`` then the text, one after another),
+    ``{plan}`` (the prompt's rubric aspects joined by ", ") and optionally ``{word_cap}``."""
+
+    file: PromptFile
+
+    @property
+    def sha256(self) -> str:
+        return self.file.sha256
+
+    def provenance(self) -> dict[str, str]:
+        return self.file.provenance()
+
+    def render(self, **variables: Any) -> tuple[tuple[str, str], ...]:
+        """The one user turn, from the variables the project's templates get (``question``,
+        ``profile``: the ranked posts, ``items``: the prompt's rubric items, ``word_cap``)."""
+        values = {
+            "question": variables["question"],
+            "profile": profile_text(variables["profile"]),
+            "plan": ", ".join(it["aspect"] for it in variables["items"]),
+            "word_cap": str(variables["word_cap"]),
+        }
+        return (("user", self.file.fill(values)),)
+
+
+def profile_text(posts: Sequence[Mapping[str, Any]]) -> str:
+    """The posts as a reference-style prompt file gets them in ``{profile}``: numbered from
+    1, each with its category where the post has one."""
+    lines = []
+    for i, post in enumerate(posts, 1):
+        cat = post.get("category")
+        head = f"Post {i} (Category: {cat}):" if cat not in (None, "") else f"Post {i}:"
+        lines.append(f"{head}\n{post.get('text') or ''}")
+    return "\n".join(lines)
+
+
+def response_prompts(cfg: Any, names: Sequence[str]) -> dict[str, PromptTemplate | FilePrompt]:
+    """The prompt of each response kind (``chosen`` and the strategies): the user's file
+    where ``prompts.files`` names one, else the project's template."""
+    p = cfg.prompts
+    files = read_prompt_files(
+        cfg.resolve_input(p.dir), p.files, PROMPT_FILE_USES, PROMPT_FILE_OPTIONAL
+    )
+    return {n: FilePrompt(files[n]) if n in files else load_template(TEMPLATES[n]) for n in names}
 
 
 def derive_seed(*parts: Any) -> int:
@@ -213,7 +264,7 @@ def _narrow(
 class _Job:
     strategy: str
     sample_offset: int  # sample index of the first choice of this request
-    template: PromptTemplate
+    template: PromptTemplate | FilePrompt
     honours: list[str]
     violates: list[str]
     extra: dict[str, Any]
@@ -262,7 +313,7 @@ class ResponseStage(Stage):
             "model": c.backend.model,
             "served_by": ctx.served_by_setting(),
             "seed": c.run.seed,
-            "templates": {n: load_template(TEMPLATES[n]).sha256 for n in names},
+            "templates": {n: t.sha256 for n, t in response_prompts(c, names).items()},
         }
 
     def expected(self, ctx: Context) -> int:
@@ -330,10 +381,11 @@ class ResponseStage(Stage):
                 )
             )
 
-        t = load_template(TEMPLATES["chosen"])
+        prompts = response_prompts(c, ["chosen", *r.strategies])
+        t = prompts["chosen"]
         add(_Job("chosen", 0, t, ids, [], {}), t.render(items=items, **common), r.n)
         for strategy in r.strategies:
-            t = load_template(TEMPLATES[strategy])
+            t = prompts[strategy]
             if strategy == "avoid_all":
                 add(_Job(strategy, 0, t, [], ids, {}), t.render(items=items, **common), r.n)
             elif strategy == "violate_one":
