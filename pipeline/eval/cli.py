@@ -30,6 +30,12 @@ examples:
       --setting question --setting profile --setting rubric
 
 Options of each scorer kind: prb eval --scorer-help
+
+prb eval correlate TABLE.csv [--bootstrap N] [--seed S] [--out FILE.json]
+  Spearman's rank correlation between the accuracy of reward models on a split and their
+  downstream scores, per subset and overall, with a bootstrap interval over models.
+  TABLE.csv: columns model, accuracy, optional subset, and one downstream score column or
+  more (docs/eval.md). Give the table right after the word correlate.
 """
 
 
@@ -48,7 +54,13 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
         type=Path,
         nargs="?",
         help="a release folder, a run directory, or a JSONL / parquet / save_to_disk dataset "
-        "in the reference schema",
+        "in the reference schema (or the word correlate, then TABLE.csv)",
+    )
+    p.add_argument(
+        "table",
+        type=Path,
+        nargs="?",
+        help="after correlate only: the CSV of models, accuracy and downstream scores",
     )
     p.add_argument(
         "--scorer",
@@ -66,7 +78,8 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         type=Path,
-        help="eval root (default: <run>/eval for a run or its release, else <input>-eval)",
+        help="eval root (default: <run>/eval for a run or its release, else <input>-eval); "
+        "for correlate, the JSON file (default: <table>-correlate.json beside it)",
     )
     p.add_argument(
         "--config",
@@ -98,11 +111,18 @@ def _config(args: argparse.Namespace) -> Any:
     return config_from_overrides(args.overrides)
 
 
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def print_table(all_results: list[dict[str, Any]], out: Any = None) -> None:
+    """The short table: per scorer and setting, the pooled accuracy, its interval, the mean
+    of the per-category accuracies (``by cat``, "-" without categories), ties, failed
+    pairs and unparsed verdicts (judges; "-" for reward models)."""
     out = out or sys.stdout
     print(
-        f"{'scorer':34s} {'setting':9s} {'accuracy':>8s}  {'95% CI':16s} {'ties':>5s} "
-        f"{'failed':>6s}",
+        f"{'scorer':34s} {'setting':9s} {'accuracy':>8s}  {'95% CI':16s} {'by cat':>6s} "
+        f"{'ties':>5s} {'failed':>6s} {'unparsed':>8s}",
         file=out,
     )
     for res in all_results:
@@ -110,9 +130,11 @@ def print_table(all_results: list[dict[str, Any]], out: Any = None) -> None:
         for setting, block in res["settings"].items():
             m = block["metrics"]
             mark = "*" if block["role"] == "control" else ""
+            unparsed = m.get("unparsed_verdicts")
             line = (
                 f"{name:34s} {setting + mark:9s} {show(m['accuracy']):>8s}  "
-                f"{show_ci(m['ci95']):16s} {m['ties']:>5d} {m['failed']:>6d}"
+                f"{show_ci(m['ci95']):16s} {_rate(m.get('accuracy_mean_of_categories')):>6s} "
+                f"{m['ties']:>5d} {m['failed']:>6d} {'-' if unparsed is None else unparsed:>8}"
             )
             pos = m.get("position")
             if pos and pos.get("consistency") is not None:
@@ -123,6 +145,9 @@ def print_table(all_results: list[dict[str, Any]], out: Any = None) -> None:
                     f", reference order {pos['accuracy_reference_order']:.3f} "
                     f"({pos['reference_order_correct']}/{pos['reference_order_scored']})"
                 )
+                macro = pos.get("accuracy_reference_order_mean_of_categories")
+                if macro is not None:
+                    line += f", by cat {macro:.3f}"
             print(line, file=out)
         gain = res.get("profile_gain")
         if gain and gain.get("gain") is not None:
@@ -139,11 +164,56 @@ def print_table(all_results: list[dict[str, Any]], out: Any = None) -> None:
                 f"{res['scorer']['max_length']} tokens",
                 file=out,
             )
+        if res["scorer"].get("unparsed_verdicts_read_as") == "A":
+            print(f"{'':34s} unparsed verdicts read as 'A' (unparsed=a)", file=out)
     if any(b["role"] == "control" for r in all_results for b in r["settings"].values()):
         print(
             "* control: the scorer saw the rubric; a validity check of the split, not a score",
             file=out,
         )
+    if any(
+        b["metrics"].get("accuracy_mean_of_categories") is not None
+        for r in all_results
+        for b in r["settings"].values()
+    ):
+        print("by cat: the mean of the per-category accuracies (each category counts once)",
+              file=out)  # fmt: skip
+
+
+CORRELATE = "correlate"
+# what prb eval correlate reads: every other option is refused with it
+_CORRELATE_DEFAULTS: dict[str, Any] = {
+    "scorer": [],
+    "setting": None,
+    "config": None,
+    "stale_ok": False,
+    "limit": None,
+}
+
+
+def cmd_correlate(args: argparse.Namespace) -> int:
+    """``prb eval correlate TABLE.csv``: print the correlations and write their JSON."""
+    from pipeline.errors import InputError
+    from pipeline.eval.correlate import correlate, default_out, format_table
+    from pipeline.io import write_json_atomic
+
+    for key, default in _CORRELATE_DEFAULTS.items():
+        if getattr(args, key, default) != default:
+            flag = "--" + key.replace("_", "-")
+            raise InputError("is not an option of prb eval correlate", path=flag)
+    if getattr(args, "overrides", None):
+        raise InputError("is not an option of prb eval correlate", path="--set")
+    if args.bootstrap < 1:
+        raise InputError("must be at least 1", path="--bootstrap")
+    out = args.out if args.out is not None else default_out(args.table)
+    if out.is_dir():
+        raise InputError("is a folder; give the path of the JSON file to write", path=out)
+    res = correlate(args.table, n_boot=args.bootstrap, seed=args.seed)
+    write_json_atomic(out, res)
+    print(f"correlations in {res['table']} ({res['models']} models)")
+    print(format_table(res))
+    print(f"results: {out}")
+    return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -154,8 +224,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         print(describe_options())
         return 0
+    if args.table is not None:
+        # `prb eval correlate TABLE.csv`: only with the word correlate first (a split
+        # folder named correlate is still evaluated when no table follows it)
+        if str(args.split) != CORRELATE:
+            raise InputError(
+                f"one split at a time (got {str(args.split)!r} and {str(args.table)!r}); "
+                "a second path only follows the word correlate: prb eval correlate TABLE.csv"
+            )
+        return cmd_correlate(args)
     if args.split is None:
         raise InputError("give the split to evaluate (a release, run directory or file)")
+    if str(args.split) == CORRELATE and not args.scorer and not args.split.exists():
+        raise InputError("give the table right after the word: prb eval correlate TABLE.csv")
     if not args.scorer:
         raise InputError(
             "give at least one --scorer rm:MODEL_FOLDER or --scorer judge:MODEL", path="--scorer"
@@ -168,11 +249,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pipeline.eval.spec import parse_spec
 
     specs = [parse_spec(s) for s in args.scorer]  # every spec checked before any model loads
-    from pipeline.eval.pointwise import check_model_folder
+    from pipeline.eval.pointwise import check_device_map, check_model_folder
 
     for spec in specs:
         if spec.kind == "pointwise":
             check_model_folder(Path(spec.target).expanduser())
+            check_device_map(spec.opt("device_map"))
         elif spec.opt("format") == "json":
             from pipeline.eval.pairwise import verdict_schema
 

@@ -222,6 +222,33 @@ def pairwise_messages(
     )
 
 
+def listed(items: Sequence[str]) -> str:
+    """Profile posts or rubric aspects as a prompt file's ``{profile}`` / ``{rubric}``
+    shows them: one per line, each after "- ", in their order (as the project's own
+    template lists them)."""
+    return "\n".join(f"- {x}" for x in items)
+
+
+def file_messages(
+    pair: EvalPair, setting: str, order: str, *, system: Any, user: Any
+) -> tuple[tuple[str, str], ...]:
+    """Judge messages from the user's prompt files (``pipeline.promptfiles.PromptFile``)
+    for one A/B order: the system file's text as written, then the user file with the
+    question and the two answers filled in, as the reference's pairwise script sends them.
+    ``{profile}`` / ``{rubric}`` (where the file has them) hold the setting's posts or
+    aspects, and are empty in the other settings."""
+    a, b = (pair.chosen, pair.rejected) if order == "AB" else (pair.rejected, pair.chosen)
+    ctx = context(pair, setting)
+    values = {
+        "question": pair.question,
+        "Response_A": a,
+        "Response_B": b,
+        "profile": listed(ctx["posts"]),
+        "rubric": listed(ctx["aspects"]),
+    }
+    return (("system", system.text), ("user", user.fill(values)))
+
+
 def usable_settings(pairs: list[EvalPair], wanted: Sequence[str]) -> tuple[list[str], dict]:
     """The settings that can run on these pairs, and a reason for each one skipped."""
     skipped = {}

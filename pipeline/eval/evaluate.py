@@ -22,7 +22,7 @@ from pipeline.eval.data import (
     user_turn,
 )
 from pipeline.eval.results import SCHEMA_VERSION, default_root, write_results
-from pipeline.eval.spec import ScorerSpec
+from pipeline.eval.spec import ScorerSpec, check_prompt_settings
 from pipeline.prompts import load_template
 
 
@@ -49,6 +49,12 @@ def _setting_block(
     s = SETTINGS[name]
     m = metrics.summary(outcomes, n_boot, seed)
     m["by"] = metrics.by_group(outcomes, [p.groups for p in pairs], n_boot, seed)
+    # the mean of the per-category accuracies beside the pooled one (the reference reports
+    # each subset on its own)
+    cats = m["by"].get("category")
+    m["accuracy_mean_of_categories"] = (
+        metrics.mean_of_rates([(b["wins"], b["scored"]) for b in cats.values()]) if cats else None
+    )
     if extra:
         m.update(extra)
     return {"label": s.label, "role": s.role, "metrics": m}
@@ -75,6 +81,24 @@ def _category_positions(
     for value, block in by.get("category", {}).items():
         idx = [i for i, c in enumerate(cats) if c == value]
         block["position"] = metrics.position_figures([ab[i] for i in idx], [ba[i] for i in idx])
+
+
+def _reference_order_mean(m: dict[str, Any]) -> None:
+    """The mean of the categories' reference-order figures, beside the pooled one
+    (``position.accuracy_reference_order_mean_of_categories``)."""
+    pos = m.get("position")
+    if not pos:
+        return
+    cats = m.get("by", {}).get("category")
+    if not cats:
+        pos["accuracy_reference_order_mean_of_categories"] = None
+        return
+    counts = [
+        (b["position"]["reference_order_correct"], b["position"]["reference_order_scored"])
+        for b in cats.values()
+        if b.get("position")
+    ]
+    pos["accuracy_reference_order_mean_of_categories"] = metrics.mean_of_rates(counts)
 
 
 def score_pointwise(
@@ -175,6 +199,7 @@ def evaluate_one(
             transport_failed += j.transport_failed
             blocks[s] = _setting_block(s, outcomes[s], pairs, n_boot, seed, extra)
             _category_positions(blocks[s]["metrics"]["by"], cats, ab, ba)
+            _reference_order_mean(blocks[s]["metrics"])
             for p, o in zip(pairs, outcomes[s], strict=True):
                 scores.append(
                     {
@@ -208,7 +233,9 @@ def evaluate_one(
             ),
             "pairs_with_profile": sum(p.has_profile for p in pairs),
         },
-        "template": template.provenance(),
+        "template": {k: f.provenance() for k, f in spec.prompts.items()}
+        if spec.prompts
+        else template.provenance(),
         "bootstrap": {"resamples": n_boot, "seed": seed},
         "settings": blocks,
         "skipped_settings": skipped,
@@ -240,6 +267,8 @@ def evaluate(
     if not usable:
         reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
         raise InputError(f"no setting can run on this split ({reasons})", path=str(path))
+    for spec in specs:  # a prompt file without a place for a setting: before anything runs
+        check_prompt_settings(spec, usable)
     root = Path(out) if out is not None else default_root(path)
     return [
         evaluate_one(

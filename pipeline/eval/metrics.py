@@ -103,6 +103,14 @@ def by_group(
     return out
 
 
+def mean_of_rates(counts: Sequence[tuple[int, int]] | None) -> float | None:
+    """The unweighted mean of ``hits / scored`` over groups (a macro average: each category
+    counts once, whatever its size), over the groups with anything scored; None without
+    any. No interval: the pooled accuracy's ``ci95`` is the one resampled."""
+    rates = [hits / scored for hits, scored in counts or () if scored]
+    return _r(sum(rates) / len(rates)) if rates else None
+
+
 def paired_gain(
     with_: Sequence[str | None],
     without: Sequence[str | None],

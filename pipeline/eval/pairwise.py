@@ -5,10 +5,13 @@ pinned by an enum, the rationale bounded by maxLength), or, with ``format=text``
 free-text "Result: A" line as the reference script asks for (the last such line by
 default, the first with ``parse=first`` as the reference reads it). A verdict that cannot be
 parsed is a recorded failure with its reason (``invalid_json`` for a JSON verdict,
-``no_verdict`` for a free-text one), never read as "A" (the reference script reads it as
-"A"). Answers are cached in the result folder's ``cache.sqlite``: a re-run sends nothing
-but the requests that failed to get an answer. An unparseable answer is not asked again:
-with greedy decoding the judge would say the same.
+``no_verdict`` for a free-text one), not read as "A" as the reference script reads it,
+unless ``unparsed=a`` asks for the reference's rule (the reason is recorded and counted
+either way). The prompt is the project's template, or with ``system_prompt=`` and
+``user_prompt=`` the user's own files (``data.file_messages``). Answers are cached in the
+result folder's ``cache.sqlite``: a re-run sends nothing but the requests that failed to
+get an answer. An unparseable answer is not asked again: with greedy decoding the judge
+would say the same.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pipeline import schemas
 from pipeline.cache import INVALID_PREFIX
 from pipeline.chat import ChatRequest
 from pipeline.errors import InputError
-from pipeline.eval.data import EvalPair, pairwise_messages
+from pipeline.eval.data import EvalPair, file_messages, pairwise_messages
 from pipeline.fields import ORDERS
 from pipeline.llm import Answer
 
@@ -84,7 +87,8 @@ class JudgeOutcome:
     letters: dict[str, dict[str, str | None]] = field(default_factory=dict)
     reasons: dict[str, dict[str, str]] = field(default_factory=dict)
     rationales: dict[str, dict[str, str]] = field(default_factory=dict)
-    unparsed: int = 0  # verdicts that could not be parsed (final: counted as failures)
+    # verdicts that could not be parsed (final: failures, or "A" with unparsed=a)
+    unparsed: int = 0
     transport_failed: int = 0  # requests that failed to get an answer (retried next run)
 
 
@@ -101,12 +105,19 @@ def build_requests(
     the schema is sent with its rationale's bound (pipeline/schemas.py: for_engine)."""
     fmt, ties = spec.opt("format"), spec.opt("ties")
     schema = verdict_schema(spec.opt("max_tokens"), ties) if fmt == "json" else None
+    files = getattr(spec, "prompts", None) or {}
     reqs, meta = [], []
     for p in pairs:
         for order in ORDERS:
+            if files:
+                messages = file_messages(
+                    p, setting, order, system=files["system_prompt"], user=files["user_prompt"]
+                )
+            else:
+                messages = pairwise_messages(p, setting, order, fmt=fmt, ties=ties)
             reqs.append(
                 ChatRequest(
-                    messages=pairwise_messages(p, setting, order, fmt=fmt, ties=ties),
+                    messages=messages,
                     model=model,
                     temperature=spec.opt("temperature"),
                     top_p=1.0,
@@ -127,8 +138,15 @@ def build_requests(
 
 
 def _record_failure(
-    out: JudgeOutcome, key: str, order: str, reason: str, fmt: str = "json"
+    out: JudgeOutcome,
+    key: str,
+    order: str,
+    reason: str,
+    fmt: str = "json",
+    unparsed_as_a: bool = False,
 ) -> None:
+    """Record why a request has no verdict; an unparseable verdict is read as "A" with
+    ``unparsed_as_a`` (the reference's rule), its reason kept all the same."""
     if reason.startswith(INVALID_PREFIX) and fmt == "text":
         # the cache files every unparseable answer under one prefix; a free-text answer
         # is not JSON: its reason says what it is
@@ -136,6 +154,8 @@ def _record_failure(
     out.reasons.setdefault(key, {})[order] = reason[:300]
     if reason.startswith((INVALID_PREFIX, TEXT_FAILURE)):
         out.unparsed += 1
+        if unparsed_as_a:
+            out.letters.setdefault(key, {o: None for o in ORDERS})[order] = "A"
     else:
         out.transport_failed += 1
 
@@ -144,6 +164,7 @@ async def _judge(
     runner: Any, reqs: list[ChatRequest], meta: list[tuple[str, str]], spec: Any
 ) -> JudgeOutcome:
     fmt, ties = spec.opt("format"), spec.opt("ties")
+    as_a = spec.opt("unparsed") == "a"
     full = verdict_schema(spec.opt("max_tokens"), ties) if fmt == "json" else None
 
     def validate(req: ChatRequest, text: str, cut: bool = False) -> tuple[str, str]:
@@ -174,7 +195,7 @@ async def _judge(
     for i, r in enumerate(reqs):
         if r.key in known:
             reason = why.get(r.key, f"{INVALID_PREFIX}: earlier run")
-            _record_failure(out, *meta[i], reason, fmt)
+            _record_failure(out, *meta[i], reason, fmt, as_a)
     salvage_json = salvage if full is not None else None
     async for j, outcome in runner.stream([reqs[i] for i in send], validate, salvage_json):
         key, order = meta[send[j]]
@@ -184,8 +205,21 @@ async def _judge(
             if rationale:
                 out.rationales.setdefault(key, {})[order] = rationale
         else:
-            _record_failure(out, key, order, outcome.reason, fmt)
+            _record_failure(out, key, order, outcome.reason, fmt, as_a)
     return out
+
+
+def prompt_info(spec: Any) -> dict[str, Any]:
+    """What the judge was asked with, for results.json: the project's template, or the
+    user's prompt files by name and SHA-256 (not their folder: paths are the user's)."""
+    files = getattr(spec, "prompts", None) or {}
+    if not files:
+        return {"source": "template", "template": "eval_pairwise"}
+    return {
+        "source": "files",
+        **{k: {"file": f.path.name, "sha256": f.sha256} for k, f in files.items()},
+        "user_prompt_placeholders": list(files["user_prompt"].placeholders),
+    }
 
 
 def run_judge(
@@ -249,6 +283,8 @@ def run_judge(
         "temperature": spec.opt("temperature"),
         "max_tokens": spec.opt("max_tokens"),
         "parse": f"{spec.opt('parse')} 'Result:' line" if spec.opt("format") == "text" else None,
+        "unparsed_verdicts_read_as": "A" if spec.opt("unparsed") == "a" else "failure",
+        "prompt": prompt_info(spec),
         "seed": cfg.run.seed,
         "requests": stats,
     }

@@ -10,6 +10,9 @@ the head has several classes (as the reference script reads it): in float64 by d
 
 transformers runs bf16 on a GPU and float32 on the CPU, in batches of inputs sorted by
 length (so a batch pads to lengths close to its own), right-padded with the attention mask.
+With ``device_map=`` (``auto``, as the reference script loads models too big for one GPU)
+transformers places the model itself through accelerate, and inputs go to the device of its
+input embeddings (its first).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pipeline.modelfiles import check_weights, load_errors
 
 EXTRA_HINT = "pip install 'personalized-rewardbench[eval]'"
 VLLM_HINT = "pip install 'personalized-rewardbench[vllm]' (needs a CUDA GPU)"
+ACCELERATE_HINT = "pip install 'personalized-rewardbench[eval]' (or pip install accelerate)"
 DEFAULT_MAX_LENGTH = 8192  # the reference script's cut, used when the model states no limit
 
 Conversation = tuple[str, str]  # (user turn, answer)
@@ -55,6 +59,29 @@ def check_model_folder(path: Path) -> None:
             field="--scorer rm",
         )
     check_weights(path)
+
+
+def check_device_map(device_map: str) -> None:
+    """``device_map=`` loads through accelerate (transformers refuses it without): one line
+    naming what to install, before anything loads."""
+    if not device_map:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise BackendError(
+            f"--scorer rm:...,device_map={device_map} needs accelerate, which transformers "
+            f"uses to place the model: {ACCELERATE_HINT}"
+        )
+
+
+def _first_device(model: Any) -> Any:
+    """Where a placed model takes its inputs: its input embeddings' device (the first
+    device of a model spread over several), else its first parameter's."""
+    try:
+        return model.get_input_embeddings().weight.device
+    except (AttributeError, NotImplementedError):
+        return next(model.parameters()).device
 
 
 REDUCTIONS = ("exact", "reference")
@@ -168,23 +195,33 @@ class TransformersScorer:
         trust_remote_code: bool = False,
         progress: bool = True,
         reduce: str = "exact",
+        device_map: str = "",
     ) -> None:
         torch, transformers = _import_torch_transformers()
+        check_device_map(device_map)
         self.torch = torch
         self.encoder = encoder
         self.reduce = reduce
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype = dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+        self.device_map = device_map
+        if device_map:  # where the model goes is transformers' choice; the dtype is ours
+            on_gpu = torch.cuda.is_available() and device_map != "cpu"
+            self.device = device_map
+        else:
+            self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            on_gpu = self.device.startswith("cuda")
+        self.dtype = dtype or ("bfloat16" if on_gpu else "float32")
         self.batch_size = max(1, batch_size)
         self.progress = progress
         if not progress:
             transformers.utils.logging.disable_progress_bar()
+        placement = {"device_map": device_map} if device_map else {}
         try:
             model = transformers.AutoModelForSequenceClassification.from_pretrained(
                 str(encoder.path),
                 dtype=getattr(torch, self.dtype),
                 local_files_only=True,
                 trust_remote_code=trust_remote_code,
+                **placement,
             )
         except load_errors() as exc:
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
@@ -195,7 +232,15 @@ class TransformersScorer:
             ) from None
         if model.config.pad_token_id is None:
             model.config.pad_token_id = encoder.tok.pad_token_id
-        self.model = model.to(self.device).eval()
+        if device_map:
+            self.model = model.eval()
+            self.input_device = _first_device(model)
+            placed = getattr(model, "hf_device_map", None) or {}
+            self.devices = sorted({str(d) for d in placed.values()}) or [str(self.input_device)]
+        else:
+            self.model = model.to(self.device).eval()
+            self.input_device = self.device
+            self.devices = [self.device]
         self.num_labels = int(model.config.num_labels)
 
     def score_ids(self, ids: Sequence[Sequence[int]]) -> list[float]:
@@ -219,7 +264,8 @@ class TransformersScorer:
                     input_ids[row, : len(ids[i])] = torch.tensor(ids[i], dtype=torch.long)
                     mask[row, : len(ids[i])] = 1
                 logits = self.model(
-                    input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)
+                    input_ids=input_ids.to(self.input_device),
+                    attention_mask=mask.to(self.input_device),
                 ).logits
                 if self.reduce == "reference":
                     got = reduce_reference(torch, logits)
@@ -232,12 +278,17 @@ class TransformersScorer:
         return out
 
     def info(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "engine": self.engine,
             "device": self.device,
             "dtype": self.dtype,
             "reduction": REDUCTION_LABELS[self.reduce],
         }
+        if self.device_map:
+            out["device_map"] = self.device_map
+            out["devices"] = self.devices  # where transformers placed the model's parts
+            out["input_device"] = str(self.input_device)
+        return out
 
     def close(self) -> None:
         self.model = None
@@ -334,6 +385,7 @@ def load_scorer(
         trust_remote_code=spec.opt("trust_remote_code"),
         progress=progress,
         reduce=spec.opt("reduce"),
+        device_map=spec.opt("device_map"),
     )
 
 

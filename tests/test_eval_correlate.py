@@ -1,0 +1,237 @@
+"""prb eval correlate TABLE.csv: Spearman's rank correlation between benchmark accuracy and
+downstream scores, per subset and overall, with a percentile bootstrap interval over models.
+
+The tables here are HAND-WRITTEN test data (made-up models and scores)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.cli import main
+from pipeline.eval.correlate import average_ranks, bootstrap_spearman, spearman
+
+# hand-written test data: made-up reward models, accuracies and downstream scores
+TABLE = """\
+model,subset,accuracy,bon,ppo
+rm-a,Art,0.71,7.9,6.2
+rm-b,Art,0.64,7.1,6.0
+rm-c,Art,0.58,7.3,
+rm-d,Art,0.55,6.2,5.1
+rm-e,Art,0.64,6.8,5.5
+rm-a,Life,0.66,7.0,6.6
+rm-b,Life,0.69,7.4,6.1
+rm-c,Life,0.52,6.1,5.2
+rm-d,Life,0.60,6.1,5.9
+rm-e,Life,0.61,6.5,5.3
+"""
+
+
+def _ranks(values: list[float]) -> list[float]:
+    """Average ranks by sorting (independent of the module's counting formula)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def _rho(x: list[float], y: list[float]) -> float | None:
+    """Spearman's rho the textbook way: Pearson's r of the average ranks; None if constant."""
+    try:
+        return statistics.correlation(_ranks(x), _ranks(y))
+    except statistics.StatisticsError:
+        return None
+
+
+def _loop_interval(x: list[float], y: list[float], n_boot: int, seed: int) -> list[float]:
+    """The interval by an explicit loop over the documented draw."""
+    n = len(x)
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    rhos = []
+    for row in idx:
+        r = _rho([x[i] for i in row], [y[i] for i in row])
+        if r is not None:
+            rhos.append(r)
+    lo, hi = np.quantile(rhos, [0.025, 0.975])
+    return [round(float(lo), 4), round(float(hi), 4)]
+
+
+def test_spearman_by_hand_with_ties() -> None:
+    # ranks x: 1, 2.5, 2.5, 4; y: 1, 3, 2, 4; r = 4.5 / sqrt(4.5 * 5)
+    assert spearman([1, 2, 2, 3], [1, 3, 2, 4]) == pytest.approx(4.5 / math.sqrt(22.5))
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 1], [1, 2, 3]) is None  # constant: undefined
+    assert average_ranks(np.array([3.0, 1.0, 3.0, 2.0])).tolist() == [3.5, 1.0, 3.5, 2.0]
+
+
+@pytest.mark.filterwarnings("ignore:An input array is constant")
+def test_spearman_equals_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(7)
+    for n in (3, 5, 8, 13):
+        for _ in range(20):
+            x = rng.integers(0, 4, n).astype(float)  # many ties
+            y = rng.normal(size=n).round(1)
+            ours = spearman(list(x), list(y))
+            theirs = stats.spearmanr(x, y).statistic
+            if math.isnan(theirs):
+                assert ours is None
+            else:
+                assert ours == pytest.approx(theirs, abs=1e-12)
+            assert average_ranks(x).tolist() == stats.rankdata(x).tolist()
+
+
+def test_bootstrap_interval_equals_an_explicit_loop() -> None:
+    x = [0.71, 0.64, 0.58, 0.55, 0.64, 0.61]
+    y = [7.9, 7.1, 7.3, 6.2, 6.8, 6.8]
+    for seed in (0, 3):
+        ci, undefined = bootstrap_spearman(x, y, 500, seed)
+        assert ci == _loop_interval(x, y, 500, seed)
+        assert undefined == sum(  # resamples where one side is constant
+            len({x[i] for i in row}) == 1 or len({y[i] for i in row}) == 1
+            for row in np.random.default_rng(seed).integers(0, 6, size=(500, 6))
+        )
+    # a 3-model table: few distinct resamples, many undefined; still the same contract
+    ci3, undefined3 = bootstrap_spearman([1, 2, 3], [1, 3, 2], 200, 1)
+    assert ci3 == _loop_interval([1, 2, 3], [1, 3, 2], 200, 1)
+    assert 0 < undefined3 < 200
+
+
+def test_cli_per_subset_and_overall(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "downstream.csv"
+    table.write_text(TABLE, encoding="utf-8")
+    out = tmp_path / "rho.json"
+    args = ["eval", "correlate", str(table), "--bootstrap", "300", "--seed", "5"]
+    assert main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["subsets"] == ["Art", "Life"] and res["downstream"] == ["bon", "ppo"]
+    assert res["bootstrap"]["resamples"] == 300 and res["bootstrap"]["seed"] == 5
+    got = {(r["subset"], r["downstream"]): r for r in res["correlations"]}
+    assert set(got) == {(s, d) for s in ("Art", "Life", "overall") for d in ("bon", "ppo")}
+
+    rows = [line.split(",") for line in TABLE.splitlines()[1:]]
+    by: dict[str, dict[str, tuple[float, str, str]]] = {}
+    for model, subset, acc, bon, ppo in rows:
+        by.setdefault(subset, {})[model] = (float(acc), bon, ppo)
+    overall = {}
+    for m in by["Art"]:
+        accs = [by[s][m][0] for s in by]
+        bons = [float(by[s][m][1]) for s in by]
+        ppos = [by[s][m][2] for s in by]
+        mean_ppo = None if "" in ppos else sum(map(float, ppos)) / len(ppos)
+        overall[m] = (sum(accs) / len(accs), sum(bons) / len(bons), mean_ppo)
+    for (subset, column), r in got.items():
+        if subset == "overall":
+            pts = [(a, b if column == "bon" else p) for a, b, p in overall.values()]
+        else:
+            k = 1 if column == "bon" else 2
+            pts = [(v[0], v[k]) for v in by[subset].values()]
+        pts = [(a, float(b)) for a, b in pts if b not in ("", None)]  # an empty cell: no score
+        x, y = [a for a, _ in pts], [b for _, b in pts]
+        assert r["models"] == len(pts)
+        assert r["spearman"] == round(_rho(x, y), 4), (subset, column)
+        assert r["ci95"] == _loop_interval(x, y, 300, 5), (subset, column)
+    assert got[("Art", "ppo")]["models"] == 4  # rm-c has no ppo score on Art
+    assert got[("overall", "ppo")]["models"] == 4  # so it has no overall ppo either
+    assert "overall" in printed and f"results: {out}" in printed
+    art_bon = got[("Art", "bon")]
+    assert f"{art_bon['spearman']:+.3f}" in printed
+
+
+def test_cli_against_scipy_on_a_flat_table(tmp_path: Path) -> None:
+    stats = pytest.importorskip("scipy.stats")
+    table = tmp_path / "flat.csv"
+    models = [("m1", 0.61, 3.0), ("m2", 0.70, 4.5), ("m3", 0.55, 3.0), ("m4", 0.66, 5.0)]
+    table.write_text("model,accuracy,bon\n" + "".join(f"{m},{a},{b}\n" for m, a, b in models))
+    assert main(["eval", "correlate", str(table), "--bootstrap", "50"]) == 0
+    res = json.loads((tmp_path / "flat-correlate.json").read_text())  # beside the table
+    (r,) = res["correlations"]
+    assert r["subset"] == "all" and res["subsets"] == []
+    expected = stats.spearmanr([a for _, a, _ in models], [b for *_, b in models]).statistic
+    assert r["spearman"] == round(float(expected), 4)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("model,subset,bon\na,X,1\n", "line 1, field 'accuracy': has no 'accuracy' column"),
+        ("model,accuracy\na,0.5\n", "line 1: has no downstream score column"),
+        ("model,accuracy,bon\na,0.5,1\nb,0.6,high\nc,0.7,3\n",
+         "line 3, field 'bon': 'high' is not a finite number"),
+        ("model,accuracy,bon\na,0.5,1\nb,,2\nc,0.7,3\n", "line 3, field 'accuracy': is empty"),
+        ("model,accuracy,bon\na,0.5,1\nb,nan,2\nc,0.7,3\n",
+         "line 3, field 'accuracy': 'nan' is not a finite number"),
+        ("model,accuracy,bon\na,0.5,1\nb,0.6,2\na,0.7,3\n",
+         "line 4, field 'model': model 'a' is already on line 2"),
+        ("model,subset,accuracy,bon\na,X,0.5,1\nb,X,0.6,2\nc,X,0.7,3\nb,Y,0.1,1\nb,Y,0.2,2\n",
+         "line 6, field 'model': model 'b' in subset 'Y' is already on line 5"),
+        ("model,accuracy,bon\na,0.5,1\nb,0.6,2\n",
+         "line 2, field 'model': the table has 2 model(s) (from this line); a rank correlation "
+         "needs at least 3"),
+        ("model,subset,accuracy,bon\na,X,0.5,1\nb,X,0.6,2\nc,X,0.7,3\nd,Y,0.1,1\n",
+         "line 5, field 'subset': subset 'Y' has 1 model(s)"),
+        ("model,accuracy,bon\na,0.5,1\nb,0.6\nc,0.7,3\n",
+         "line 3: has 2 cells where the header has 3 columns"),
+        ("model,subset,accuracy,bon\na,overall,0.5,1\n",
+         "line 2, field 'subset': 'overall' is the mean over the subsets"),
+        ("model,accuracy,bon,bon\na,0.5,1,1\n", "line 1, field 'bon': is a repeated column name"),
+        ("", "line 1: is empty"),
+    ],
+)  # fmt: skip
+def test_bad_tables_are_one_line_naming_file_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
+    table = tmp_path / "t.csv"
+    table.write_text(text, encoding="utf-8")
+    assert main(["eval", "correlate", str(table)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {table}, ") and "\n" not in err and "Traceback" not in err
+    assert expected in err
+    assert not (tmp_path / "t-correlate.json").exists()
+
+
+def test_correlate_word_and_a_split_named_correlate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = tmp_path / "t.csv"
+    table.write_text(TABLE, encoding="utf-8")
+    # options of the split evaluation are refused with correlate
+    assert main(["eval", "correlate", str(table), "--scorer", "rm:/m"]) == 1
+    assert "error: --scorer: is not an option of prb eval correlate" in capsys.readouterr().err
+    assert main(["eval", "correlate", str(table), "--set", "profile.top_k=2"]) == 1
+    assert "error: --set: is not an option" in capsys.readouterr().err
+    # a second path follows only the word correlate
+    assert main(["eval", str(table), str(table), "--scorer", "rm:/m"]) == 1
+    assert "a second path only follows the word correlate" in capsys.readouterr().err
+    # the word alone, with no such folder: what to write
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "correlate"]) == 1
+    assert "prb eval correlate TABLE.csv" in capsys.readouterr().err
+    assert main(["eval", "correlate", "t.csv", "--bootstrap", "0"]) == 1
+    assert "error: --bootstrap: must be at least 1" in capsys.readouterr().err
+    # a split folder literally named correlate, without a table after it, is a split
+    (tmp_path / "correlate").mkdir()
+    seen = []
+
+    def fake_evaluate(path: Path, *a: object, **kw: object) -> list:
+        seen.append(Path(path))
+        raise SystemExit(0)
+
+    monkeypatch.setattr("pipeline.eval.evaluate.evaluate", fake_evaluate)
+    with pytest.raises(SystemExit):
+        main(["eval", "correlate", "--scorer", "judge:m", "--no-progress"])
+    assert seen == [Path("correlate")]
