@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from pipeline.backends.openai_backend import OpenAIBackend  # noqa: E402
+from pipeline.backends.openai.backend import OpenAIBackend  # noqa: E402
 from pipeline.cache import RequestCache  # noqa: E402
 from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.config import BackendSection  # noqa: E402

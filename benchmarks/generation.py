@@ -55,7 +55,7 @@ from backend_throughput import (  # noqa: E402
     run_metadata,
 )
 
-from pipeline.backends.openai_backend import OpenAIBackend  # noqa: E402
+from pipeline.backends.openai.backend import OpenAIBackend  # noqa: E402
 from pipeline.cache import RequestCache  # noqa: E402
 from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.config import Config, load_config  # noqa: E402

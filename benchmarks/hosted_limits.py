@@ -53,7 +53,7 @@ for _p in (ROOT, ROOT / "tests"):
 from provider_limits import token_charge  # noqa: E402
 
 from pipeline.backends.base import RequestFeed  # noqa: E402
-from pipeline.backends.openai_backend import OpenAIBackend  # noqa: E402
+from pipeline.backends.openai.backend import OpenAIBackend  # noqa: E402
 from pipeline.chat import ChatRequest, ChatResult  # noqa: E402
 from pipeline.config import BackendSection  # noqa: E402
 

@@ -28,7 +28,7 @@ from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BudgetReached
 
 if TYPE_CHECKING:
-    from pipeline.backends.dialect import Dialect
+    from pipeline.backends.openai.dialects import Dialect
     from pipeline.cache import RequestCache
     from pipeline.config import Config, PricesSection
     from pipeline.run import RunDir
@@ -192,7 +192,7 @@ def make_budget(
 ) -> Budget | None:
     """The budget of a stage's runner; None when ``run.budget`` sets no limit. ``identity``:
     what serves the run, whose recorded dialects decide what a request is sent as."""
-    from pipeline.backends.dialect import of_identity
+    from pipeline.backends.openai.dialects import of_identity
 
     b = config.run.budget
     if b.requests is None and b.tokens is None and b.usd is None:

@@ -599,7 +599,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  cache: {total} answers, {errors} failures recorded ({rd.cache_path}, {size:.1f} MB)"
         )
     if rd.openai_batches.is_dir():  # the Batch API's batches in flight (imports openai)
-        from pipeline.backends.openai_batch import status_lines
+        from pipeline.backends.openai.batch import status_lines
 
         for line in status_lines(rd.openai_batches):
             print(f"  {line}")

@@ -23,7 +23,9 @@ from pipeline.rules.verdicts import prefers
 
 __all__ = ["FILTERS", "KEEP", "PairFilter", "PairView", "Verdict", "word_similarity"]
 
-FILTERS = Registry("filter")
+FILTERS: Registry[type[PairFilter]] = Registry(
+    "filter", "pipeline.filters:PairFilter", field="pairs.filters"
+)
 
 
 @dataclass

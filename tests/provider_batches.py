@@ -1,5 +1,5 @@
 """A loopback server with OpenAI's Files and Batches endpoints, for the batch mode of the
-openai backend (pipeline/backends/openai_batch.py), driven by the real ``openai`` SDK.
+openai backend (pipeline/backends/openai/batch.py), driven by the real ``openai`` SDK.
 
 What it implements, as OpenAI documents it (platform.openai.com/docs/api-reference/batch
 and /files):

@@ -381,8 +381,10 @@ def test_check_row_runs_the_catalogue(monkeypatch):
         row=lambda rules, r: Hit("same", "") if r.n_words("chosen") == r.n_words("rejected")
         and len(r.texts["chosen"]) == len(r.texts["rejected"]) else None,
     )  # fmt: skip
-    monkeypatch.setitem(CHECKS, "shouting", shouts)
-    monkeypatch.setitem(CHECKS, "same_length", pair_level)
+    # the catalogue's entries as they are, restored after the test
+    monkeypatch.setattr(CHECKS, "_entries", dict(CHECKS._entries))
+    CHECKS.register("shouting", shouts)
+    CHECKS.register("same_length", pair_level)
     loud = {"chosen": "STOP NOW.", "rejected": "STOP NOW.", "category": "c"}
     assert sorted(flags_of(loud)) == [
         ("identical", None), ("same_length", None),
@@ -394,5 +396,5 @@ def test_check_row_runs_the_catalogue(monkeypatch):
         ("empty", "rejected"), ("shouting", "chosen"),
     ]  # fmt: skip
     # and a check taken out of the catalogue no longer runs
-    monkeypatch.delitem(CHECKS, "over_cap")
+    CHECKS.unregister("over_cap")
     assert flags_of(row) == []

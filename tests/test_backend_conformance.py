@@ -23,7 +23,7 @@ from pipeline.backends import BACKENDS, BackendRegistry
 from pipeline.backends.base import Backend
 from pipeline.backends.identity import identity_id
 from pipeline.backends.llamacpp_backend import LlamaCppBackend
-from pipeline.backends.openai_backend import OpenAIBackend
+from pipeline.backends.openai.backend import OpenAIBackend
 from pipeline.backends.ray_backend import RayBackend
 from pipeline.backends.replay import ReplayBackend
 from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
@@ -202,16 +202,16 @@ def test_every_registered_backend_is_in_the_suite() -> None:
 
 
 def test_the_registry_refuses_a_taken_name_and_anything_but_a_backend() -> None:
-    reg = BackendRegistry("backend")
-    reg.register("openai", "pipeline.backends.openai_backend:OpenAIBackend")
-    with pytest.raises(ValueError, match="'openai' is registered twice"):
+    reg = BackendRegistry("backend", Backend)
+    reg.register("openai", "pipeline.backends.openai.backend:OpenAIBackend")
+    with pytest.raises(ValueError, match="backend 'openai' is already registered"):
         reg.register("openai", OpenAIBackend)
-    with pytest.raises(TypeError, match="not a Backend subclass"):
+    with pytest.raises(TypeError, match=r"is not a subclass of pipeline\.backends\.base\.Backend"):
         reg.register("dict", dict)
-    with pytest.raises(TypeError, match="its class is named 'replay'"):
+    with pytest.raises(TypeError, match="its name is 'replay'"):
         reg.register("other", ReplayBackend)
     reg.register("lazy", "pipeline.cache:RequestCache")  # checked when imported
-    with pytest.raises(TypeError, match="not a Backend subclass"):
+    with pytest.raises(TypeError, match="is not a subclass"):
         reg.get("lazy")
     with pytest.raises(ConfigError) as err:
         reg.check("opnai")

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from conftest import write_config
 
-from pipeline.batch.lines import CHAT_URL, read_results, request_line
+from pipeline.backends.openai.lines import CHAT_URL, read_results, request_line
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
 from pipeline.cli import main
@@ -417,7 +417,7 @@ def test_export_replaces_only_an_earlier_export(tmp_path, server, capsys):
     assert server.request_count == 0
 
 
-# ---- the format itself (pipeline/batch/lines.py) --------------------------------------------
+# ---- the format itself (pipeline/backends/openai/lines.py) ---------------------------
 
 
 def _req(model: str = "gpt-4o-mini", n: int = 1) -> ChatRequest:
@@ -481,12 +481,11 @@ def test_results_in_the_shapes_openai_and_vllm_document():
 def test_the_live_backend_and_batch_results_read_replies_with_one_function():
     import inspect
 
-    from pipeline.backends import openai_backend
-    from pipeline.batch import lines
+    from pipeline.backends.openai import backend, lines, wire
 
-    assert lines.parse_reply is openai_backend.parse_reply
+    assert lines.parse_reply is wire.parse_reply is backend.parse_reply
     # the live path reads each reply in _post (its _once builds the bodies per dialect)
-    assert "parse_reply(" in inspect.getsource(openai_backend.OpenAIBackend._post)
+    assert "parse_reply(" in inspect.getsource(backend.OpenAIBackend._post)
 
 
 def test_a_request_line_given_as_a_result_is_named():

@@ -1,4 +1,4 @@
-"""Each provider's structured-output dialect (pipeline/backends/dialect.py): the sample
+"""Each provider's structured-output dialect (pipeline/backends/openai/dialects.py): the sample
 config end to end against servers that take requests the way real providers do
 (tests/provider_dialects.py), through the real openai client; what the run found is
 recorded in its identity, asked once, and a server that takes today's body keeps the
@@ -25,10 +25,11 @@ from provider_dialects import ProviderServer, strict_problem
 from standin_server import StandinServer
 
 from pipeline import schemas
-from pipeline.backends import dialect as dialects
-from pipeline.backends.dialect import Dialect, json_in_text, refused_feature, strict_schema
 from pipeline.backends.identity import identity_id
-from pipeline.backends.openai_backend import server_identity
+from pipeline.backends.openai import dialects
+from pipeline.backends.openai.backend import server_identity
+from pipeline.backends.openai.dialects import Dialect, json_in_text, strict_schema
+from pipeline.backends.openai.wire import refused_feature
 from pipeline.backends.settings import OpenAISettings
 from pipeline.chat import ChatRequest
 from pipeline.cli import main
@@ -359,7 +360,7 @@ def test_the_sample_config_runs_against_llama_cpp_pythons_own_server(tmp_path, c
         seconds = time.monotonic() - start
         # asked for a name it does not list (the README's line without --model_alias): the
         # server would answer as its one model, so it is a warning and the card says so
-        from pipeline.backends.openai_backend import OpenAIBackend, server_identity
+        from pipeline.backends.openai.backend import OpenAIBackend, server_identity
 
         qwen = "Qwen/Qwen2.5-7B-Instruct"
         ident = server_identity(cfg.backend.openai, [qwen], "openai")

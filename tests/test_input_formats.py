@@ -147,8 +147,8 @@ def test_the_config_lists_the_registered_formats_and_suggests_one(tmp_path, csv_
     with pytest.raises(ConfigError) as info:
         load_config(bad)
     assert str(info.value) == (
-        f"{bad}, field 'input.format': unknown input format 'lmap'; did you mean 'lamp'? "
-        "known: lamp, generic, hf, hub, csv"
+        f"{bad}, field 'input.format': unknown input format 'lmap'. Did you mean 'lamp'? "
+        "Known: lamp, generic, hf, hub, csv"
     )
 
 

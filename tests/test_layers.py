@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                            "pipeline.batch.store"]),
     # batch files: the line format (read with the openai backend's reply parser) and the
     # batchfile backend; its commands (files, cli) are commands
-    ("engines", ["pipeline.backends", "pipeline.budget", "pipeline.llm", "pipeline.batch.lines",
+    ("engines", ["pipeline.backends", "pipeline.budget", "pipeline.llm",
                  "pipeline.batch.backend"]),
     ("stages", ["pipeline.stages"]),
     ("orchestration", ["pipeline.orchestrate", "pipeline.runsummary"]),

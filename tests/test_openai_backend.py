@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from standin_server import StandinServer
 
-from pipeline.backends.openai_backend import OpenAIBackend
+from pipeline.backends.openai.backend import OpenAIBackend
 from pipeline.backends.replay import ReplayBackend
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
@@ -493,7 +493,7 @@ def test_a_busy_server_is_waited_for_then_named_busy_not_down(monkeypatch) -> No
     generation past the 10 s check, and the run said it could not reach it, suggesting
     `vllm serve`. It is now asked again with the requests' own timeout, and a server still
     silent is called busy."""
-    import pipeline.backends.openai_backend as ob
+    import pipeline.backends.openai.wire as ob
     from pipeline.backends.settings import OpenAISettings
 
     monkeypatch.setattr(ob, "MODELS_FIRST_WAIT_S", 0.3)
@@ -519,7 +519,7 @@ def test_a_busy_server_is_waited_for_then_named_busy_not_down(monkeypatch) -> No
 def test_a_server_that_is_not_there_names_how_to_start_one() -> None:
     import socket
 
-    import pipeline.backends.openai_backend as ob
+    import pipeline.backends.openai.wire as ob
     from pipeline.backends.settings import OpenAISettings
 
     with socket.socket() as s:  # a free port, closed again: nothing listens there
@@ -537,7 +537,7 @@ def test_a_model_the_server_does_not_list_is_a_warning_and_on_the_card() -> None
     Qwen2.5-7B, every answer was recorded as Qwen's, and the plan said "(reported as
     nothing)" without a word. What the server lists is now part of what answered, said as a
     warning, and in the description the card shows."""
-    import pipeline.backends.openai_backend as ob
+    import pipeline.backends.openai.backend as ob
     from pipeline.backends.settings import OpenAISettings
 
     srv = _SlowModels([0.0])  # lists the model 'm' only

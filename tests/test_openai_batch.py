@@ -279,10 +279,10 @@ def test_a_batch_created_but_not_recorded_is_found_again(tmp_path):
     """A kill between batches.create and the record of its id: the next run finds the
     batch by its input file and polls it; nothing is created twice."""
     from pipeline.backends.base import RequestFeed
-    from pipeline.backends.openai_backend import OpenAIBackend
-    from pipeline.backends.openai_batch import Ledger
+    from pipeline.backends.openai.backend import OpenAIBackend
+    from pipeline.backends.openai.batch import Ledger
+    from pipeline.backends.openai.lines import request_line
     from pipeline.backends.settings import BackendSection
-    from pipeline.batch.lines import request_line
     from pipeline.chat import ChatRequest
 
     with BatchesServer() as server:
@@ -496,8 +496,8 @@ def test_a_cancelled_batch_fails_its_unanswered_requests_for_the_next_run(tmp_pa
 def test_the_api_limit_of_50000_requests_a_file_holds_at_the_defaults(tmp_path):
     """The split at the real limit (the tests above use a small one): 60,000 requests make
     a file of 50,000 and one of 10,000, each line once, in order."""
-    from pipeline.backends.openai_backend import OpenAIBackend
-    from pipeline.backends.openai_batch import BatchRunner
+    from pipeline.backends.openai.backend import OpenAIBackend
+    from pipeline.backends.openai.batch import BatchRunner
     from pipeline.backends.settings import BackendSection
     from pipeline.chat import ChatRequest
 
@@ -604,7 +604,7 @@ def test_answers_from_a_dated_snapshot_of_the_model_are_taken(tmp_path, referenc
 
 
 def test_same_model_takes_the_name_or_its_dated_snapshot_only():
-    from pipeline.batch.lines import same_model
+    from pipeline.backends.openai.lines import same_model
 
     assert same_model("gpt-4o-mini", "gpt-4o-mini")
     assert same_model("gpt-4o-mini", "gpt-4o-mini-2024-07-18")

@@ -1,4 +1,4 @@
-"""Concurrency that follows the rate limit (pipeline/backends/ratelimit.py).
+"""Concurrency that follows the rate limit (pipeline/backends/openai/ratelimit.py).
 
 The controller on its own, on header sequences and 429 bursts, with a clock the test
 moves; then the openai backend through the real ``openai`` SDK against the loopback server
@@ -22,8 +22,8 @@ import pytest
 from provider_limits import LimitedServer, go_duration, token_charge
 from standin_server import StandinServer
 
-from pipeline.backends.openai_backend import OpenAIBackend
-from pipeline.backends.ratelimit import RESERVE, RateLimiter, Ticket, parse_duration
+from pipeline.backends.openai.backend import OpenAIBackend
+from pipeline.backends.openai.ratelimit import RESERVE, RateLimiter, Ticket, parse_duration
 from pipeline.backends.settings import OpenAISettings
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import BackendSection
@@ -467,7 +467,7 @@ def test_a_retry_after_beyond_the_cap_is_said_once_with_what_is_done(
     """A Retry-After of a year was capped at backend.backoff_max_s without a word: the run
     seemed to hang. The first such answer is now one warning line saying what the server
     asked and what is done; every request is still answered."""
-    import pipeline.backends.ratelimit as rl
+    import pipeline.backends.openai.ratelimit as rl
 
     monkeypatch.setattr(rl, "_CAPPED_SAID", set())
     server.inject("429", count=2, retry_after=31_536_000)  # a year

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -264,9 +265,9 @@ def test_donors_of_questions_with_words_of_their_own_stay_close_to_every_compari
 
 
 def test_registry_did_you_mean():
-    r = Registry("widget")
-    r.register("alpha", "os:getcwd")
-    assert r.get("alpha") is os.getcwd  # lazy import resolved on first use
+    r: Registry[type] = Registry("widget", object, name_attr="widget_name")
+    r.register("alpha", "json:JSONDecoder")
+    assert r.get("alpha") is json.JSONDecoder  # lazy import resolved on first use
     with pytest.raises(ConfigError, match="Did you mean 'alpha'"):
         r.get("alpah")
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from standin_server import StandinServer
 from test_errors import one_error_line
 
-from pipeline.backends.openai_backend import OpenAIBackend
+from pipeline.backends.openai.backend import OpenAIBackend
 from pipeline.chat import ChatRequest, ChatResult
 from pipeline.cli import main
 from pipeline.config import BackendSection, Config
@@ -367,7 +367,7 @@ def test_credentials_in_the_url_work_on_both_transports(transport, monkeypatch):
     with StandinServer(authorization=basic) as server:
         url = server.base_url.replace("http://", "http://alice:s3cr3t%20pass@") + "?api-key=k123"
         cfg = BackendSection(base_url=url, http_transport=transport)
-        from pipeline.backends.openai_backend import check_reachable
+        from pipeline.backends.openai.backend import check_reachable
 
         check_reachable(cfg.openai)  # the probe sends them too
 

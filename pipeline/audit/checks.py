@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from pipeline.fields import DIMENSIONS, ORDERS, SIDES, words
+from pipeline.registry import Registry
 from pipeline.rules import Hit, Rules
 
 
@@ -114,149 +115,149 @@ def _pairwise(col: str, rule: str) -> RowRule:
     return run
 
 
-CHECKS: dict[str, Check] = {
-    c.code: c
-    for c in (
-        Check(
-            "empty",
-            "Empty answer",
-            "text",
-            "an answer is empty or whitespace only",
-            "empty",
-            side=lambda rules, row, side: rules.empty(row.texts[side]),
+# the catalogue: one registry entry per check, in report order
+CHECKS: Registry[Check] = Registry("audit check", Check, name_attr="code", instances=True)
+for _check in (
+    Check(
+        "empty",
+        "Empty answer",
+        "text",
+        "an answer is empty or whitespace only",
+        "empty",
+        side=lambda rules, row, side: rules.empty(row.texts[side]),
+    ),
+    Check(
+        "identical",
+        "Identical answers",
+        "text",
+        "chosen and rejected are the same text (ignoring case and spacing)",
+        "similarity",
+        row=lambda rules, row: rules.identical(row.texts["chosen"], row.texts["rejected"]),
+    ),
+    Check(
+        "near_identical",
+        "Near-identical answers",
+        "text",
+        "word-level similarity of chosen and rejected above pairs.similarity_max",
+        "similarity",
+        row=lambda rules, row: rules.near_identical(
+            row.texts["chosen"], row.texts["rejected"], row.similarity
         ),
-        Check(
-            "identical",
-            "Identical answers",
-            "text",
-            "chosen and rejected are the same text (ignoring case and spacing)",
-            "similarity",
-            row=lambda rules, row: rules.identical(row.texts["chosen"], row.texts["rejected"]),
+        unless="identical",
+    ),
+    Check(
+        "over_cap",
+        "Over the word cap",
+        "text",
+        "an answer has more words than the cap times (1 + pairs.length_slack)",
+        "length",
+        side=lambda rules, row, side: rules.over_cap(row.texts[side], row.n_words(side)),
+    ),
+    Check(
+        "refusal",
+        "Refusal",
+        "text",
+        "an answer refuses (pairs.refusal_patterns)",
+        "refusal",
+        side=lambda rules, row, side: rules.refusal(row.texts[side], row.words(side)),
+    ),
+    Check(
+        "meta_text",
+        "Meta-text",
+        "text",
+        "an answer talks about its brief: instructions, rubric, aspects, word limits "
+        "(pairs.meta_patterns)",
+        "meta_text",
+        side=lambda rules, row, side: rules.meta_text(row.texts[side], row.words(side)),
+    ),
+    Check(
+        "truncated_text",
+        "Ends mid-sentence",
+        "text",
+        "an answer stops mid-sentence: no closing punctuation, or a trailing comma, "
+        "colon or function word",
+        "truncated_text",
+        side=lambda rules, row, side: rules.truncated_text(row.texts[side]),
+    ),
+    Check(
+        "cut_off",
+        "Cut off at max_tokens",
+        "text",
+        "an answer stopped on the token limit (finish_reason length; needs the "
+        "finish_reasons column)",
+        "truncated",
+        side=_cut_off,
+    ),
+    Check(
+        "rubric_echo",
+        "Rubric echo",
+        "text",
+        "an answer copies a rubric aspect verbatim or nearly (needs rubric_aspects)",
+        "rubric_echo",
+        side=lambda rules, row, side: (
+            rules.rubric_echo(row.texts[side], row.aspects, row.words(side))
+            if row.aspects
+            else None
         ),
-        Check(
-            "near_identical",
-            "Near-identical answers",
-            "text",
-            "word-level similarity of chosen and rejected above pairs.similarity_max",
-            "similarity",
-            row=lambda rules, row: rules.near_identical(
-                row.texts["chosen"], row.texts["rejected"], row.similarity
-            ),
-            unless="identical",
-        ),
-        Check(
-            "over_cap",
-            "Over the word cap",
-            "text",
-            "an answer has more words than the cap times (1 + pairs.length_slack)",
-            "length",
-            side=lambda rules, row, side: rules.over_cap(row.texts[side], row.n_words(side)),
-        ),
-        Check(
-            "refusal",
-            "Refusal",
-            "text",
-            "an answer refuses (pairs.refusal_patterns)",
-            "refusal",
-            side=lambda rules, row, side: rules.refusal(row.texts[side], row.words(side)),
-        ),
-        Check(
-            "meta_text",
-            "Meta-text",
-            "text",
-            "an answer talks about its brief: instructions, rubric, aspects, word limits "
-            "(pairs.meta_patterns)",
-            "meta_text",
-            side=lambda rules, row, side: rules.meta_text(row.texts[side], row.words(side)),
-        ),
-        Check(
-            "truncated_text",
-            "Ends mid-sentence",
-            "text",
-            "an answer stops mid-sentence: no closing punctuation, or a trailing comma, "
-            "colon or function word",
-            "truncated_text",
-            side=lambda rules, row, side: rules.truncated_text(row.texts[side]),
-        ),
-        Check(
-            "cut_off",
-            "Cut off at max_tokens",
-            "text",
-            "an answer stopped on the token limit (finish_reason length; needs the "
-            "finish_reasons column)",
-            "truncated",
-            side=_cut_off,
-        ),
-        Check(
-            "rubric_echo",
-            "Rubric echo",
-            "text",
-            "an answer copies a rubric aspect verbatim or nearly (needs rubric_aspects)",
-            "rubric_echo",
-            side=lambda rules, row, side: (
-                rules.rubric_echo(row.texts[side], row.aspects, row.words(side))
-                if row.aspects
-                else None
-            ),
-        ),
-        Check(
-            "duplicate_row",
-            "Duplicate row",
-            "set",
-            "same user, same question, same chosen and rejected as an earlier row",
-            None,
-        ),
-        Check(
-            "near_duplicate",
-            "Near-duplicate",
-            "set",
-            "the question near-duplicates an earlier one of the same user, an answer "
-            "near-duplicates one of the same user's, or both answers repeat another user's pair",
-            "near_duplicate",
-        ),
-        Check(
-            "quality_floor",
-            "Below the quality floor",
-            "judge",
-            "the rubric-blind judge scores an answer below pairs.quality_floor",
-            "quality_floor",
-            row=_quality("below_floor"),
-        ),
-        Check(
-            "quality_gap",
-            "Quality gap",
-            "judge",
-            "the rubric-blind scores differ by more than pairs.quality_gap_max",
-            "quality_gap",
-            row=_quality("quality_gap"),
-        ),
-        Check(
-            "coverage",
-            "Coverage off",
-            "judge",
-            "the chosen's mean coverage is below pairs.coverage_chosen_min, or the "
-            "rejected's (of its violated items) above pairs.coverage_rejected_max",
-            "coverage",
-            row=_coverage,
-        ),
-        Check(
-            "blind_leak",
-            "Rubric-blind leak",
-            "judge",
-            "the rubric-blind judge prefers the chosen in both A/B orders",
-            "pairwise_consistency",
-            row=_pairwise("pairwise_blind", "blind_leak"),
-        ),
-        Check(
-            "aware_disagrees",
-            "Rubric-aware judge disagrees",
-            "judge",
-            "the rubric-aware judge does not prefer the chosen in both A/B orders",
-            "pairwise_consistency",
-            row=_pairwise("pairwise_aware", "aware_disagrees"),
-        ),
-    )
-}
+    ),
+    Check(
+        "duplicate_row",
+        "Duplicate row",
+        "set",
+        "same user, same question, same chosen and rejected as an earlier row",
+        None,
+    ),
+    Check(
+        "near_duplicate",
+        "Near-duplicate",
+        "set",
+        "the question near-duplicates an earlier one of the same user, an answer "
+        "near-duplicates one of the same user's, or both answers repeat another user's pair",
+        "near_duplicate",
+    ),
+    Check(
+        "quality_floor",
+        "Below the quality floor",
+        "judge",
+        "the rubric-blind judge scores an answer below pairs.quality_floor",
+        "quality_floor",
+        row=_quality("below_floor"),
+    ),
+    Check(
+        "quality_gap",
+        "Quality gap",
+        "judge",
+        "the rubric-blind scores differ by more than pairs.quality_gap_max",
+        "quality_gap",
+        row=_quality("quality_gap"),
+    ),
+    Check(
+        "coverage",
+        "Coverage off",
+        "judge",
+        "the chosen's mean coverage is below pairs.coverage_chosen_min, or the "
+        "rejected's (of its violated items) above pairs.coverage_rejected_max",
+        "coverage",
+        row=_coverage,
+    ),
+    Check(
+        "blind_leak",
+        "Rubric-blind leak",
+        "judge",
+        "the rubric-blind judge prefers the chosen in both A/B orders",
+        "pairwise_consistency",
+        row=_pairwise("pairwise_blind", "blind_leak"),
+    ),
+    Check(
+        "aware_disagrees",
+        "Rubric-aware judge disagrees",
+        "judge",
+        "the rubric-aware judge does not prefer the chosen in both A/B orders",
+        "pairwise_consistency",
+        row=_pairwise("pairwise_aware", "aware_disagrees"),
+    ),
+):
+    CHECKS.register(_check.code, _check)
 # the check an answer must pass for its other checks to run (there is nothing to check)
 GATE = "empty"
 CUT_OFF = "stopped at max_tokens (finish_reason length): not a finished answer"
@@ -440,4 +441,5 @@ def check_set(
         _flag(flags, ids, cats, i, "near_duplicate", Hit(d.describe(ids[kept]), ids[kept]))
     if timings is not None:
         timings["checks_set_s"] = round(time.perf_counter() - clock, 3)
-    flags.sort(key=lambda f: (f["row"], list(CHECKS).index(f["check"]), f["side"] or ""))
+    order = {code: i for i, code in enumerate(CHECKS)}
+    flags.sort(key=lambda f: (f["row"], order[f["check"]], f["side"] or ""))

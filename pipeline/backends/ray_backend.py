@@ -343,7 +343,7 @@ class RayBackend(Backend):
         self._started_ray = False
         self._answered = False  # a 403 after an answer is one request's, not the key's
         if self.rc.engine == "http":
-            from pipeline.backends.openai_backend import check_reachable
+            from pipeline.backends.openai.backend import check_reachable
 
             check_reachable(cfg.openai)  # fail in a second, not after starting Ray
 
@@ -396,7 +396,7 @@ class RayBackend(Backend):
         # one per queued batch, and on 2 cores that delayed the first answer by ~25 s.
         post = {"num_cpus": MAP_TASK_CPUS, "concurrency": min(rc.replicas, blocks or rc.replicas)}
         if rc.engine == "http":
-            from pipeline.backends.openai_backend import endpoint
+            from pipeline.backends.openai.backend import endpoint
 
             # the key (or the URL's credentials) is read here and handed to Ray's workers;
             # never logged or stored by us
@@ -532,7 +532,7 @@ class RayBackend(Backend):
                 if http:
                     status, attempts = int(row["status"]), int(row["attempts"])
                     if status == 401 or (status == 403 and not self._answered):
-                        from pipeline.backends.openai_backend import auth_error
+                        from pipeline.backends.openai.backend import auth_error
 
                         raise auth_error(self.cfg.openai, status, _error_message(row["text"]))
                     outcome = reply_outcome(
@@ -570,7 +570,7 @@ class RayBackend(Backend):
     ) -> str | None:
         cls.check_installed(cfg)
         if cfg.ray.engine == "http":
-            from pipeline.backends.openai_backend import check_reachable
+            from pipeline.backends.openai.backend import check_reachable
 
             # the http engine sends the json_schema body as it is (no dialects)
             if cfg.openai.structured_output not in ("auto", "json_schema"):
@@ -593,7 +593,7 @@ class RayBackend(Backend):
         cache_path: Path | None = None,
     ) -> dict[str, Any]:
         if cfg.ray.engine == "http":
-            from pipeline.backends.openai_backend import server_identity
+            from pipeline.backends.openai.backend import server_identity
 
             return server_identity(cfg.openai, models, "ray-http")
         from pipeline.backends.vllm_backend import engine_identity
@@ -603,7 +603,7 @@ class RayBackend(Backend):
     @classmethod
     def describe(cls, identity: dict[str, Any]) -> str:
         if identity.get("kind") == "ray-http":
-            from pipeline.backends.openai_backend import describe_server
+            from pipeline.backends.openai.backend import describe_server
 
             return describe_server(identity)
         from pipeline.backends.vllm_backend import describe_engine

@@ -78,7 +78,7 @@ class OpenAISettings(Settings):
         description="HTTP transport; aiohttp measured faster here "
         "(benchmarks/backend_throughput.py).",
     )
-    # The Batch API (pipeline/backends/openai_batch.py, docs/backends.md): OpenAI answers
+    # The Batch API (pipeline/backends/openai/batch.py, docs/backends.md): OpenAI answers
     # a file of requests within 24 hours at half the price.
     batch: bool = Field(
         False,

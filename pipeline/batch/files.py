@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.backends.openai.lines import Parsed, read_results, request_line
 from pipeline.batch.backend import BatchFileBackend, Recording, recording
-from pipeline.batch.lines import Parsed, read_results, request_line
 from pipeline.batch.store import BatchState
 from pipeline.errors import ConfigError, InputError, StageError, Unanswered
 
@@ -149,7 +149,7 @@ def export_requests(
     return Exported(path, stage, len(requests))
 
 
-# the keys of a batch request line (pipeline/batch/lines.py request_line)
+# the keys of a batch request line (pipeline/backends/openai/lines.py request_line)
 _REQUEST_KEYS = {"custom_id", "method", "url", "body"}
 
 

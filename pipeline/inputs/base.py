@@ -8,16 +8,15 @@ same way whichever format carried it. Rows a reader yields have exactly the keys
 
 from __future__ import annotations
 
-import difflib
-import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pipeline.errors import ConfigError, InputError
+from pipeline.errors import InputError
 from pipeline.fields import visible_text
 from pipeline.ids import stable_id
+from pipeline.registry import Registry
 
 if TYPE_CHECKING:
     from pipeline.config import InputSection
@@ -88,67 +87,10 @@ class InputFormat:
         return Path(value)
 
 
-class FormatRegistry:
-    """Input format names -> reader classes. Built-in formats are ``"module:Class"``
-    strings imported on first use (``datasets`` stays out of a JSONL run); a class given
-    directly is checked at once. A name is registered once."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, type[InputFormat] | str] = {}
-
-    def register(self, name: str, target: type[InputFormat] | str | None = None) -> Any:
-        """``register(name, Class)``, ``register(name, "module:Class")`` or, as a class
-        decorator, ``@register(name)``."""
-        if target is None:
-            return lambda cls: self.register(name, cls)
-        if not name or not name.replace("_", "").replace("-", "").isalnum():
-            raise ValueError(f"input format name {name!r}: use letters, digits, '-' and '_'")
-        if name in self._entries:
-            raise ValueError(
-                f"input format {name!r} is already registered ({self._where(name)}); "
-                "pick another name"
-            )
-        if not isinstance(target, str):
-            self._checked(name, target)
-        self._entries[name] = target
-        return target
-
-    def unregister(self, name: str) -> None:
-        """Remove a format (a test that registered one cleans up with this)."""
-        self._entries.pop(name, None)
-
-    def _where(self, name: str) -> str:
-        target = self._entries[name]
-        return target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
-
-    @staticmethod
-    def _checked(name: str, target: Any) -> type[InputFormat]:
-        if not (isinstance(target, type) and issubclass(target, InputFormat)):
-            raise TypeError(
-                f"input format {name!r}: {target!r} is not a subclass of "
-                "pipeline.inputs.InputFormat"
-            )
-        target.name = name
-        return target
-
-    def names(self) -> list[str]:
-        return list(self._entries)
-
-    def unknown(self, name: str) -> str:
-        """The message for a name nothing is registered under, with the closest one."""
-        close = difflib.get_close_matches(name, self.names(), n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        return f"unknown input format {name!r}; {hint}known: {', '.join(self.names())}"
-
-    def get(self, name: str) -> type[InputFormat]:
-        target = self._entries.get(name)
-        if target is None:
-            raise ConfigError(self.unknown(name), field="input.format")
-        if isinstance(target, str):
-            module, _, attr = target.partition(":")
-            target = self._checked(name, getattr(importlib.import_module(module), attr))
-            self._entries[name] = target
-        return target
+class FormatRegistry(Registry[type[InputFormat]]):
+    """Input format names -> reader classes (pipeline/registry.py's checks). Built-in
+    formats are ``"module:Class"`` strings imported on first use (``datasets`` stays out
+    of a JSONL run); a class given directly is checked at once."""
 
     def detect(self, path: Path) -> str | None:
         """The first format whose ``detect`` recognises ``path``, if any."""
@@ -157,11 +99,8 @@ class FormatRegistry:
                 return name
         return None
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._entries
 
-
-FORMATS = FormatRegistry()
+FORMATS = FormatRegistry("input format", InputFormat, field="input.format")
 
 
 def register_format(name: str) -> Callable[[type[InputFormat]], type[InputFormat]]:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeline.backends import BACKENDS
-from pipeline.backends.dialect import Dialect, of_identity
+from pipeline.backends.openai.dialects import Dialect, of_identity
 from pipeline.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
@@ -185,8 +185,8 @@ class _IngestRows:
 
 def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
     """What answers this run, as the plan can know it without writing or sending."""
-    from pipeline.backends.dialect import without_probing
     from pipeline.backends.identity import describe
+    from pipeline.backends.openai.dialects import without_probing
 
     try:
         with without_probing():  # what a server takes is read from the run's record only
@@ -198,7 +198,7 @@ def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
         ctx.assume_served_by({"kind": "unknown", "model_output": True, "reason": str(exc)[:200]})
         return "unknown: " + str(exc)[:200], [note]
     notes = list(dict.fromkeys(ctx.warnings))
-    from pipeline.backends.dialect import not_known_yet
+    from pipeline.backends.openai.dialects import not_known_yet
 
     unknown = not_known_yet()
     if unknown:
@@ -221,7 +221,7 @@ def _largest_schema_tokens(ctx: Context) -> int:
     """About how many prompt tokens the largest JSON schema this config sends adds when it
     is stated in the system message (four characters a token)."""
     from pipeline import schemas
-    from pipeline.backends.dialect import schema_statement
+    from pipeline.backends.openai.dialects import schema_statement
 
     c = ctx.config
     j, r = c.judge, c.rubrics

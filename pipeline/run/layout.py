@@ -34,7 +34,7 @@ RUN_CONFIG = "run.yaml"
 ENVIRONMENT = "environment.json"
 CACHE = "cache.sqlite"
 # one record per batch submitted to the Batch API, and its downloaded results
-# (pipeline/backends/openai_batch.py): a killed run polls these again, never resubmits
+# (pipeline/backends/openai/batch.py): a killed run polls these again, never resubmits
 OPENAI_BATCHES = "openai-batches"
 LOCK = ".lock"
 # `prb run` writes only into a folder that is new, empty, marked by this file, or an earlier

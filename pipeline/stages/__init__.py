@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.registry import Registry
 
-STAGES = Registry("stage")
+if TYPE_CHECKING:
+    from pipeline.stages.base import Stage
+
+STAGES: Registry[type[Stage]] = Registry("stage", "pipeline.stages.base:Stage")
 STAGES.register("ingest", "pipeline.stages.ingest:IngestStage")
 STAGES.register("rubrics", "pipeline.stages.rubrics:RubricStage")
 STAGES.register("responses", "pipeline.stages.responses:ResponseStage")

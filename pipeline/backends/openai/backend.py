@@ -2,7 +2,7 @@
 
 A fixed pool of ``max_concurrency`` workers pulls requests from a queue, so the number
 in flight is bounded without creating a task per request. Each attempt first takes a
-permit from a rate limiter (pipeline/backends/ratelimit.py) fed by every response's
+permit from a rate limiter (pipeline/backends/openai/ratelimit.py) fed by every response's
 ``x-ratelimit-*`` headers and 429s, so against a hosted API's limit fewer requests are
 in flight and sends are paced; a server that sends no such headers never waits for one
 (``backend.openai.follow_rate_limits``). Transient errors (429, 5xx,
@@ -22,17 +22,11 @@ do) and the query string (``?api-key=...``) goes with every request.
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
-import json
 import os
-import re
 from collections.abc import AsyncIterator, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import openai
 from tenacity import (
@@ -43,166 +37,37 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from pipeline.backends import dialect as dialects
 from pipeline.backends.base import Backend, RequestFeed, Resolve
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
-from pipeline.backends.ratelimit import (
+from pipeline.backends.openai import dialects
+from pipeline.backends.openai.ratelimit import (
     RateLimiter,
     Ticket,
     estimate_tokens,
-    retry_after,
     say_capped_wait,
 )
+from pipeline.backends.openai.wire import (
+    auth_error,
+    check_reachable,
+    describe_error,
+    endpoint,
+    is_transient,
+    list_models,
+    parse_reply,
+    refusal_of,
+    retry_after_seconds,
+)
 from pipeline.backends.settings import OpenAISettings
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
+from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
 from pipeline.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
     from pipeline.backends.settings import BackendSection
 
-_TRANSIENT_STATUS = {408, 409, 425, 429}
-
 # The permit of the attempt a task is sending, for the response hook that reads the
 # rate-limit headers (the hook runs in the task that sent the request).
 _TICKET: ContextVar[Ticket | None] = ContextVar("prb_rate_limit_ticket", default=None)
-
-
-# A JSON body can escape a lone UTF-16 surrogate, which is not Unicode: it could not be
-# stored as UTF-8 or sent on to the judge, so it becomes U+FFFD as the answer arrives.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _valid_unicode(text: Any) -> Any:
-    return _SURROGATE.sub("\ufffd", text) if isinstance(text, str) else text
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to send requests, from ``backend.openai.base_url`` and the API key."""
-
-    base: str  # without user:password@ and without the query string
-    query: dict[str, str] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)  # Authorization, when any
-    sends: str = "nothing"  # "basic" (URL credentials), "key" ($api_key_env) or "nothing"
-
-    def url(self, path: str) -> str:
-        """``base`` + ``path``, with the query string."""
-        url = self.base.rstrip("/") + path
-        return f"{url}?{urlencode(self.query)}" if self.query else url
-
-
-def endpoint(cfg: OpenAISettings) -> Endpoint:
-    """Split ``cfg.base_url`` (``backend.openai``) into the address and the credentials
-    written into it.
-
-    The openai client neither accepts ``user:password@`` on aiohttp ("Cannot combine
-    AUTHORIZATION header with AUTH argument") nor keeps a query string in its base URL
-    (it appends the path after it), so both are taken out here and sent explicitly.
-    """
-    parts = urlsplit(cfg.base_url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    base = urlunsplit(parts._replace(netloc=netloc, query="", fragment=""))
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    if parts.username is not None:
-        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-        basic = "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
-        return Endpoint(base, query, {"Authorization": basic}, "basic")
-    key = os.environ.get(cfg.api_key_env)
-    if key:
-        return Endpoint(base, query, {"Authorization": f"Bearer {key}"}, "key")
-    return Endpoint(base, query)
-
-
-def auth_error(cfg: OpenAISettings, status: int, detail: str = "") -> BackendError:
-    """The one line for a server that refused our credentials: which ones, and what to do."""
-    from pipeline.redact import public_url, redact, strip_userinfo
-
-    ep = endpoint(cfg)
-    where = public_url(cfg.base_url)
-    verb = "refused" if status == 401 else "denied access to"
-    said = f": {redact(' '.join(detail.split()))[:200]}" if detail else ""
-    env = cfg.api_key_env
-    # a credential in the query string is masked by public_url
-    has_query_key = where != strip_userinfo(cfg.base_url)
-    in_query = " (and the key in its query string)" if has_query_key else ""
-    if ep.sends == "basic":
-        what = f"the user name and password in backend.openai.base_url{in_query}"
-        todo = "fix them in backend.openai.base_url"
-    elif ep.sends == "key":
-        what = f"the API key in ${env}{in_query}"
-        todo = (
-            f"set {env} to a key this server accepts (backend.openai.api_key_env names the "
-            "variable)"
-        )
-    elif has_query_key:
-        what = "the key in backend.openai.base_url's query string"
-        todo = f"fix that key, or put a valid one in ${env} (backend.openai.api_key_env)"
-    else:
-        what = f"the request without an API key (${env} is not set)"
-        todo = (
-            f"export {env}=<your key>, or set backend.openai.api_key_env to the variable "
-            "that holds it"
-        )
-    if status == 403:
-        todo += "; a key without access to this model or endpoint is refused the same way"
-    return BackendError(f"the server at {where} {verb} {what} (HTTP {status}{said}); {todo}")
-
-
-class _EmptyAnswer(Exception):
-    """The server answered 200 without usable choices; treated as transient."""
-
-
-# the public name of the same error, for readers of replies outside this module
-UnusableReply = _EmptyAnswer
-
-
-def parse_reply(resp: Any, req: ChatRequest) -> ChatResult:
-    """A chat-completions reply body (a dict) as a :class:`ChatResult`; raises
-    :data:`UnusableReply` when it holds no usable answer. The live backend reads every
-    reply with it, and so do batch results (pipeline/batch/lines.py): one reading."""
-    try:
-        choices = [
-            Choice(_valid_unicode(c["message"]["content"]), c.get("finish_reason") or "stop")
-            for c in resp["choices"]
-        ]
-        usage = resp.get("usage") or {}
-        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        completion_tokens = int(usage.get("completion_tokens") or 0)
-        model = resp.get("model") or req.model
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise _EmptyAnswer(f"the server's reply has no usable choices ({exc!r})") from None
-    if not choices or any(not isinstance(c.text, str) for c in choices):
-        raise _EmptyAnswer("the server returned no content")
-    return ChatResult(choices, prompt_tokens, completion_tokens, str(model))
-
-
-def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, openai.APIStatusError):
-        # llama-cpp-python refuses a response_format it does not take with a 500: a
-        # refusal of our body, which no retry changes (pipeline/backends/dialect.py)
-        if exc.status_code >= 500 and dialects.refusal_of(exc) is not None:
-            return False
-        return exc.status_code in _TRANSIENT_STATUS or exc.status_code >= 500
-    # APITimeoutError is an APIConnectionError; a body that is not JSON surfaces as a
-    # decode or validation error and is a server glitch, not the request's fault.
-    return isinstance(
-        exc,
-        (
-            openai.APIConnectionError,
-            openai.APIResponseValidationError,
-            json.JSONDecodeError,
-            _EmptyAnswer,
-        ),
-    )
-
-
-def retry_after_seconds(exc: BaseException) -> float | None:
-    """Seconds the server asked us to wait (Retry-After / retry-after-ms), if it did."""
-    response = getattr(exc, "response", None)
-    if response is None:
-        return None
-    return retry_after(response.headers)
 
 
 class _Wait:
@@ -221,18 +86,6 @@ class _Wait:
         return self.backoff(state)
 
 
-def describe_error(exc: BaseException) -> str:
-    """One line for the errors table and logs; a server may echo the key back (a 401
-    "Incorrect API key provided: sk-..."), so the text is redacted before it is cut."""
-    from pipeline.redact import redact
-
-    if isinstance(exc, openai.APIStatusError):
-        text = f"HTTP {exc.status_code}: {exc.message}"
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    return redact(" ".join(text.split()))[:500]
-
-
 class OpenAIBackend(Backend):
     name = "openai"
     settings = OpenAISettings
@@ -244,7 +97,7 @@ class OpenAIBackend(Backend):
         self.cfg = cfg
         self.server = s = cfg.openai
         self.cache_path = cache_path
-        # what the server takes, per model (pipeline/backends/dialect.py): what identify()
+        # what the server takes, per model (pipeline/backends/openai/dialects.py): what identify()
         # found for this run, so the bodies sent are the ones the identity records
         self._dialects: dict[str, dialects.Dialect] = {}
         dialects.keep(s, cache_path)
@@ -252,7 +105,7 @@ class OpenAIBackend(Backend):
         api_key = os.environ.get(s.api_key_env) or "EMPTY"
         ep = endpoint(s)
         # what the server says of its rate limit steers how many attempts are in flight
-        # (pipeline/backends/ratelimit.py); off, the pool is a fixed max_concurrency
+        # (pipeline/backends/openai/ratelimit.py); off, the pool is a fixed max_concurrency
         self.limits: RateLimiter | None = None
         hooks: dict[str, Any] = {}
         if s.follow_rate_limits:
@@ -342,7 +195,7 @@ class OpenAIBackend(Backend):
         except openai.APIStatusError as exc:
             if exc.status_code == 401 or (exc.status_code == 403 and not self._answered):
                 raise auth_error(self.server, exc.status_code, exc.message) from None
-            refused = dialects.refusal_of(exc)
+            refused = refusal_of(exc)
             if refused is not None:  # every other request would be refused the same way
                 raise dialects.refusal_error(
                     self.server, req.model, self.dialect(req.model), exc, refused,
@@ -365,7 +218,7 @@ class OpenAIBackend(Backend):
     ) -> AsyncIterator[tuple[Any, ChatResult | RequestFailure]]:
         """A fixed pool of ``max_concurrency`` workers, each taking the next request from
         the feed as soon as its last one is answered; with ``backend.openai.batch``, files
-        through the Batch API (pipeline/backends/openai_batch.py)."""
+        through the Batch API (pipeline/backends/openai/batch.py)."""
         if self.server.batch:
             async for item in self._batches().stream(feed):
                 yield item
@@ -423,7 +276,7 @@ class OpenAIBackend(Backend):
     batch_folder: Path | None = None
 
     def _batches(self) -> Any:
-        from pipeline.backends.openai_batch import BatchRunner
+        from pipeline.backends.openai.batch import BatchRunner
 
         if self.batch_folder is None:
             raise BackendError(
@@ -490,7 +343,7 @@ class OpenAIBackend(Backend):
         cache_path: Path | None = None,
     ) -> dict[str, Any]:
         # what the server takes joins the identity only where it differs from the body
-        # every server took before (pipeline/backends/dialect.py)
+        # every server took before (pipeline/backends/openai/dialects.py)
         identity = server_identity(cfg.openai, models, cls.name)
         return dialects.identify(identity, cfg.openai, models, cache_path)
 
@@ -568,113 +421,3 @@ def describe_server(identity: dict[str, Any]) -> str:
     if identity.get(SCHEMA_BOUNDS):
         text += "; schemas sent with their string bounds"
     return text
-
-
-# how long the first ask of /models waits: a server that is up answers it at once
-MODELS_FIRST_WAIT_S = 10.0
-
-
-def _unreachable(cfg: OpenAISettings, exc: BaseException) -> BackendError:
-    from pipeline.redact import public_url, redact
-
-    return BackendError(
-        f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
-        f"({redact(str(exc))}); start it (`vllm serve MODEL`, `python -m llama_cpp.server "
-        "--model FILE.gguf`, ...) or fix backend.openai.base_url"
-    )
-
-
-def _timed_out(exc: BaseException) -> bool:
-    reason = getattr(exc, "reason", exc)
-    return isinstance(reason, TimeoutError) or "timed out" in str(reason)
-
-
-def _ask_models(cfg: OpenAISettings) -> bytes:
-    """The body of ``GET /models``, asked with the requests' own address and credentials.
-
-    A server that takes the connection but does not answer within MODELS_FIRST_WAIT_S is
-    busy, not down (llama-cpp-python's server answers one request at a time, so /models
-    waits behind a generation): it is asked again with the requests' own timeout before
-    anything is said. HTTPError goes to the caller; not reachable, or still silent, is one
-    BackendError saying which."""
-    import urllib.error
-    import urllib.request
-
-    from pipeline.redact import public_url
-
-    ep = endpoint(cfg)
-    req = urllib.request.Request(ep.url("/models"), headers=ep.headers)
-    waits = [min(cfg.timeout_s, MODELS_FIRST_WAIT_S)]
-    if cfg.timeout_s > waits[0]:
-        waits.append(cfg.timeout_s)
-    for i, wait in enumerate(waits):
-        try:
-            with urllib.request.urlopen(req, timeout=wait) as resp:
-                return bytes(resp.read(4_000_000))
-        except urllib.error.HTTPError:
-            raise
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            if not _timed_out(exc):
-                raise _unreachable(cfg, exc) from None
-            if i + 1 < len(waits):
-                continue
-            raise BackendError(
-                f"the server at {public_url(cfg.base_url)} took the connection but did not "
-                f"answer /models within {wait:g} s: it is busy (a server that answers one "
-                "request at a time, such as llama-cpp-python's, is still generating); wait "
-                "for it, or raise backend.openai.timeout_s"
-            ) from None
-    raise AssertionError("unreachable")  # the loop returns or raises
-
-
-def check_reachable(cfg: OpenAISettings) -> None:
-    """Fail fast with a clear message when the server cannot be reached at all."""
-    import urllib.error
-
-    try:
-        _ask_models(cfg)
-    except urllib.error.HTTPError as exc:
-        # it answered. 401: the credentials are refused, and every request would be too.
-        # Anything else (a 404 from a server without /models, a 403 for a key that may
-        # chat but not list models) is the request path's business.
-        if exc.code == 401:
-            detail = ""
-            with contextlib.suppress(OSError):
-                detail = _error_text(exc.read().decode("utf-8", "replace"))
-            raise auth_error(cfg, 401, detail) from None
-        return
-
-
-def list_models(cfg: OpenAISettings) -> list[dict[str, Any]]:
-    """The server's ``/models`` entries (id, root, owned_by...), for the run's record of
-    what served its answers; empty when the server has no such list (a 404, or a key that
-    may chat but not list models). Raises BackendError when the server cannot be reached
-    or refuses the credentials."""
-    import urllib.error
-
-    try:
-        raw = _ask_models(cfg)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 401:
-            detail = ""
-            with contextlib.suppress(OSError):
-                detail = _error_text(exc.read().decode("utf-8", "replace"))
-            raise auth_error(cfg, 401, detail) from None
-        return []
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return []
-    data = body.get("data") if isinstance(body, dict) else None
-    return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
-
-
-def _error_text(body: str) -> str:
-    """The message of an OpenAI-style error body, else the start of the body."""
-    try:
-        err = json.loads(body).get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-    except (ValueError, AttributeError):
-        pass
-    return body.strip()[:200]

@@ -40,13 +40,13 @@ import openai
 from tenacity import AsyncRetrying
 
 from pipeline.backends.base import RequestFeed
-from pipeline.batch.lines import Parsed, read_results, request_line
+from pipeline.backends.openai.lines import Parsed, read_results, request_line
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
 from pipeline.io import read_json, write_json_atomic
 
 if TYPE_CHECKING:
-    from pipeline.backends.openai_backend import OpenAIBackend
+    from pipeline.backends.openai.backend import OpenAIBackend
 
 ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"  # = lines.CHAT_URL
 COMPLETION_WINDOW: Literal["24h"] = "24h"  # the only window the API offers
@@ -94,7 +94,7 @@ def read_lines(
     text: str, expected: dict[str, ChatRequest], source: str
 ) -> dict[str, ChatResult | LineError]:
     """The outcome of every expected request a batch's output or error file answers, read
-    by pipeline/batch/lines.py; lines it skips (not asked, repeated, broken) answer none."""
+    by ``lines.read_results``; lines it skips (not asked, repeated, broken) answer none."""
     raw = text.splitlines()
     out: dict[str, ChatResult | LineError] = {}
     for parsed in read_results(raw, expected, source=source):
@@ -212,7 +212,7 @@ class BatchRunner:
     async def _rounds(
         self, feed: RequestFeed
     ) -> AsyncIterator[tuple[Any, ChatResult | RequestFailure]]:
-        from pipeline.backends.openai_backend import check_reachable
+        from pipeline.backends.openai.wire import check_reachable
 
         retry: list[tuple[Any, ChatRequest]] = []
         attempts: dict[str, int] = {}
@@ -327,7 +327,7 @@ class BatchRunner:
     async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """One API call with the backend's retries; refused credentials and other errors
         are one BackendError naming the call."""
-        from pipeline.backends.openai_backend import auth_error, describe_error
+        from pipeline.backends.openai.wire import auth_error, describe_error
 
         try:
             async for attempt in AsyncRetrying(**self.backend._retrying):
@@ -352,7 +352,7 @@ class BatchRunner:
     async def _submit(self, lines: list[tuple[str, bytes]]) -> dict[str, Any]:
         """Upload one file and create its batch; the record is written before each step,
         so a kill at any point leaves a record that says how far it got."""
-        from pipeline.backends.openai_backend import describe_error, is_transient
+        from pipeline.backends.openai.wire import describe_error, is_transient
 
         local = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         data = b"".join(d for _, d in lines)
@@ -394,7 +394,7 @@ class BatchRunner:
                 break
             except Exception as exc:
                 if isinstance(exc, openai.APIStatusError) and exc.status_code in (401, 403):
-                    from pipeline.backends.openai_backend import auth_error
+                    from pipeline.backends.openai.wire import auth_error
 
                     raise auth_error(self.server, exc.status_code, exc.message) from None
                 if not is_transient(exc) or attempt == self.max_attempts:
@@ -562,7 +562,7 @@ class BatchRunner:
     ) -> list[tuple[Any, ChatResult | RequestFailure]]:
         """Every claimed request's outcome from a finished batch's stored files; lines to
         send again go to ``retry``."""
-        from pipeline.backends.openai_backend import UnusableReply
+        from pipeline.backends.openai.wire import UnusableReply
 
         expected = {k: waiters[k][0][1] for k in keys}
         got: dict[str, ChatResult | LineError] = {}

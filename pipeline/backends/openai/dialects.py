@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.backends.openai.wire import error_text, refused_feature, short_message
 from pipeline.chat import ChatRequest, ChatResult
 from pipeline.errors import BackendError, ConfigError
 
@@ -347,90 +348,6 @@ def _is_object(text: str) -> bool:
         return False
 
 
-# ---- refusals ----------------------------------------------------------------------------
-
-# words a server uses when it refuses a field or a value of it
-_REFUSING = re.compile(
-    r"unsupported|not supported|does not support|doesn't support|only supports?|"
-    r"unrecogni[sz]ed|unknown (?:field|parameter|argument|key)|not allowed|not permitted|"
-    r"extra (?:inputs|fields)|input should be|must be|should be|is not one of|invalid|"
-    r"not (?:a )?valid|cannot be|can't be|not available",
-    re.I,
-)
-_STRUCTURED_WORDS = re.compile(
-    r"response_format|json_schema|json_object|structured output|additionalProperties|"
-    r"\bschema\b|\bstrict\b",
-    re.I,
-)
-_N_WORDS = re.compile(
-    r"(?:['\"`]n['\"`])|(?:\bn\s*(?:>|must|should|is|=|can)\b)|(?:parameter n\b)|"
-    r"(?:\bn\s*>\s*1)|(?:number of (?:choices|completions))",
-    re.I,
-)
-_SEED_WORDS = re.compile(r"['\"`]?\bseed\b['\"`]?", re.I)
-_MAX_TOKENS_WORDS = re.compile(r"['\"`]?\bmax_tokens\b['\"`]?", re.I)
-# a max_tokens that is too large is a limit, not a refused parameter
-_TOO_LARGE = re.compile(r"too large|maximum context|context length|at most \d+ completion", re.I)
-
-
-def refused_feature(status: int, message: str, param: str | None = None) -> str | None:
-    """Which part of our body a server refused: "structured_output", "max_tokens", "n",
-    "seed", or None when the refusal (or error) is about something else."""
-    if status not in (400, 422, 500, 501):
-        return None
-    text = message or ""
-    p = (param or "").strip().lower()
-    if p.startswith("response_format"):
-        return "structured_output"
-    if p in ("max_tokens", "n", "seed"):
-        return p
-    if not _REFUSING.search(text):
-        return None
-    if _STRUCTURED_WORDS.search(text):
-        return "structured_output"
-    if _MAX_TOKENS_WORDS.search(text) and not _TOO_LARGE.search(text):
-        return "max_tokens"
-    if _SEED_WORDS.search(text):
-        return "seed"
-    if _N_WORDS.search(text):
-        return "n"
-    return None
-
-
-_PYDANTIC_LOC = re.compile(r"'loc': \(([^)]*)\)")
-_PYDANTIC_MSG = re.compile(r"""'msg': (?:"([^"]*)"|'([^']*)')""")
-
-
-def short_message(message: str) -> str:
-    """A server's error in a few words: a pydantic validation error (llama-cpp-python's
-    500s) as "response_format.type: Input should be 'text' or 'json_object'"."""
-    msg = _PYDANTIC_MSG.search(message)
-    if msg is None:
-        return " ".join(message.split())
-    loc = _PYDANTIC_LOC.search(message)
-    parts = [p.strip(" '\"") for p in (loc.group(1).split(",") if loc else [])]
-    where = ".".join(p for p in parts if p and p != "body")
-    text = msg.group(1) if msg.group(1) is not None else msg.group(2)
-    return f"{where}: {text}" if where else text
-
-
-def error_text(exc: BaseException) -> str:
-    """The server's own message in an ``openai.APIStatusError`` (its ``message`` is "Error
-    code: 400 - " and the whole body)."""
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict) and isinstance(body.get("message"), str):
-        return body["message"]
-    return str(getattr(exc, "message", "") or exc)
-
-
-def refusal_of(exc: BaseException) -> str | None:
-    """:func:`refused_feature` of an ``openai.APIStatusError`` (None for anything else)."""
-    status = getattr(exc, "status_code", None)
-    if not isinstance(status, int):
-        return None
-    return refused_feature(status, error_text(exc), getattr(exc, "param", None))
-
-
 class DialectRefused(BackendError):
     """A server refused a part of the body this run found it takes, or was told it takes."""
 
@@ -521,7 +438,7 @@ def _post(cfg: OpenAISettings, body: dict[str, Any]) -> tuple[int, dict[str, Any
     import urllib.error
     import urllib.request
 
-    from pipeline.backends.openai_backend import endpoint
+    from pipeline.backends.openai.wire import endpoint
 
     ep = endpoint(cfg)
     data = json.dumps(body).encode("utf-8")
@@ -593,7 +510,7 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
                 continue
             break
         if status == 401 or status == 403:
-            from pipeline.backends.openai_backend import auth_error
+            from pipeline.backends.openai.wire import auth_error
 
             raise auth_error(cfg, status, str(reply.get("message") or ""))
         message = str(reply.get("message") or "")

@@ -9,7 +9,7 @@ request again whatever order the runner writes them in.
 
 A result line: ``{"id", "custom_id", "response": {"status_code", "request_id", "body"},
 "error"}``; ``body`` is the chat completion, read by the live backend's own reply parser
-(:func:`pipeline.backends.openai_backend.parse_reply`). vLLM writes a failed request as
+(:func:`pipeline.backends.openai.backend.parse_reply`). vLLM writes a failed request as
 ``response.status_code`` >= 400 with ``error`` holding a message or an error object;
 OpenAI's errors file as ``response: null`` with ``error: {"code", "message"}``.
 """
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.backends.openai_backend import UnusableReply, parse_reply
+from pipeline.backends.openai.wire import UnusableReply, parse_reply
 from pipeline.chat import ChatRequest, ChatResult
 
 CHAT_URL = "/v1/chat/completions"
