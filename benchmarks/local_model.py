@@ -58,10 +58,10 @@ if str(ROOT) not in sys.path:
 
 from pipeline import schemas  # noqa: E402
 from pipeline.backends import llamacpp_backend as lb  # noqa: E402
-from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, BackendSection  # noqa: E402
 from pipeline.cache import RequestCache  # noqa: E402
 from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.io import write_json_atomic  # noqa: E402
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection  # noqa: E402
 from pipeline.llm import Answer, LLMRunner  # noqa: E402
 from pipeline.prompts import load_template  # noqa: E402
 from pipeline.stages.responses import derive_seed  # noqa: E402

@@ -52,7 +52,7 @@ def run_prices(config: Config) -> PricesSection:
     """The prices a run pays: ``run.prices``, with its batch rates when the backend sends
     batches (``backend.openai.batch``) and they are given; a batch run without batch rates
     is priced at the standard ones, which bound it from above."""
-    from pipeline.backends import BACKENDS
+    from pipeline.kinds.backend import BACKENDS
 
     prices = config.run.prices
     if BACKENDS.get(config.backend.name).batch_priced(config.backend):

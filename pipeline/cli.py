@@ -221,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run", type=Path, help="a run directory (outputs/<run>) or the run's config")
     _add_set(rep)
 
-    # pipeline.annotate imports only argparse, pathlib and the errors module at this point
-    from pipeline.annotate import add_annotate_parser
+    # pipeline.annotate.cli imports only argparse, pathlib and the errors modules at this point
+    from pipeline.annotate.cli import add_annotate_parser
 
     add_annotate_parser(sub)
     # pipeline.eval.cli imports only argparse and pathlib; the scorers load when used
@@ -427,7 +427,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
-    from pipeline.annotate import cmd_annotate as run
+    from pipeline.annotate.cli import cmd_annotate as run
 
     return run(args)
 
@@ -529,8 +529,8 @@ def _not_started(target: Path, overrides: list[str]) -> str | None:
 def cmd_status(args: argparse.Namespace) -> int:
     from pipeline.cache import RequestCache
     from pipeline.errors import PipelineError
+    from pipeline.kinds.stages import ORDER
     from pipeline.run import open_run
-    from pipeline.stages import ORDER
 
     if args.run is None:
         return list_runs(overview=True)
@@ -613,7 +613,7 @@ def _earlier_backends(rd: RunDir) -> tuple[dict[str, tuple[str, str]], str]:
     stage before it. Empty when every stage had one backend."""
     from pipeline.backends.identity import describe, identity_id
     from pipeline.errors import PipelineError
-    from pipeline.stages import ORDER
+    from pipeline.kinds.stages import ORDER
 
     served: dict[str, tuple[float, str, str]] = {}
     for name in ORDER:
@@ -708,9 +708,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import json
     from collections import Counter
 
+    from pipeline.kinds.stages import ORDER
     from pipeline.orchestrate import _unknown_stage
     from pipeline.run import open_run
-    from pipeline.stages import ORDER
 
     if args.run is None:
         return list_runs()

@@ -37,11 +37,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pipeline.backends.base import Backend, RequestFeed
 from pipeline.budget import Budget
 from pipeline.cache import INVALID_PREFIX, RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError, StageError, Unanswered
+from pipeline.kinds.backend import Backend, RequestFeed
 from pipeline.progress import Progress
 from pipeline.rules.text import unfinished
 

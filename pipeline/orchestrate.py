@@ -27,8 +27,8 @@ from pipeline.config import Config
 from pipeline.errors import BudgetReached, ConfigError, StageError, Unanswered
 from pipeline.ids import content_hash
 from pipeline.io import remove_strays
+from pipeline.kinds.stages import ORDER, STAGES
 from pipeline.run import RunDir, RunLock, StageDir
-from pipeline.stages import ORDER, STAGES
 from pipeline.stages.base import Context, Stage
 
 # besides each backend's own (Backend.libraries)
@@ -49,7 +49,7 @@ _LIBS = (
 
 def library_versions() -> dict[str, str | None]:
     """Python, platform and library versions (from package metadata: nothing is imported)."""
-    from pipeline.backends import BACKENDS
+    from pipeline.kinds.backend import BACKENDS
 
     out: dict[str, str | None] = {
         "python": platform.python_version(),
@@ -459,7 +459,7 @@ def summarize(stats: dict[str, Any]) -> str:
     parts = [f"{k}={stats[k]}" for k in keys[:6]]
     llm = stats.get("llm")
     if isinstance(llm, dict) and "requests" in llm:
-        from pipeline.backends import BACKENDS
+        from pipeline.kinds.backend import BACKENDS
 
         sent = "sent" if BACKENDS.answers_new(str(llm.get("backend"))) else "replayed"
         # sent counts re-asks too: named, so sent above requests is explained

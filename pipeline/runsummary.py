@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.kinds.stages import ORDER
 from pipeline.run import RunDir
-from pipeline.stages import ORDER
 
 _REQUEST_KEYS = ("requests", "sent", "cached", "failed", "reasks")
 

@@ -19,10 +19,18 @@ import functools
 import hashlib
 import importlib.util
 import marshal
+from collections.abc import Callable
 
 from pipeline.errors import PipelineError
 
-__all__ = ["normalised_source", "read_source", "source_hash", "source_hashes"]
+__all__ = [
+    "code_closure",
+    "imports_in",
+    "normalised_source",
+    "read_source",
+    "source_hash",
+    "source_hashes",
+]
 
 
 def _inert(node: object) -> bool:
@@ -106,3 +114,134 @@ def source_hash(module: str) -> str:
 def source_hashes(modules: tuple[str, ...] | list[str]) -> dict[str, str]:
     """module -> :func:`source_hash`, for each of ``modules``."""
     return {m: source_hash(m) for m in modules}
+
+
+# ---- which modules a module imports --------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def is_module(name: str) -> bool:
+    """Whether ``name`` is an importable module of this project (found, not imported)."""
+    if not name.startswith("pipeline"):
+        return False
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            t = node.test
+            if (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+                isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+            ):
+                lines.update(n.lineno for n in ast.walk(node) if hasattr(n, "lineno"))
+    return lines
+
+
+def _resolve(name: str, exists: Callable[[str], bool]) -> str | None:
+    """The project module an imported name refers to (the longest existing prefix)."""
+    parts = name.split(".")
+    while parts and not exists(".".join(parts)):
+        parts.pop()
+    return ".".join(parts) or None
+
+
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The module a call imports by name (``importlib.import_module("pipeline.x")``,
+    ``import_module(...)``, ``__import__(...)``), when the name is written in the call: a
+    literal, or an f-string's leading literal part (``f"pipeline.audit.{name}"`` imports
+    some module of ``pipeline.audit``)."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    f = node.func
+    called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    if called not in ("import_module", "__import__"):
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values:
+        head = arg.values[0]
+        if isinstance(head, ast.Constant) and isinstance(head.value, str):
+            return head.value.rstrip(".")
+    return None
+
+
+def _in_functions(tree: ast.AST) -> set[int]:
+    """Ids of the nodes inside a function or lambda body: run when called, not at import."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            inside.update(id(n) for n in ast.walk(node) if n is not node)
+    return inside
+
+
+def imports_in(
+    source: str, exists: Callable[[str], bool] = is_module, *, registered: bool = False
+) -> list[tuple[str, int, bool]]:
+    """(imported project module, line, at module level) for every import in ``source``:
+    import statements, and calls that import a module by a name written in the code
+    (``exists`` says which names are project modules). At module level: run when the
+    module is imported (not inside a function), ``try`` and ``if`` blocks included, a
+    ``TYPE_CHECKING`` block not. With ``registered``, a registry's entry named as a
+    ``"module:Class"`` string in a ``.register(...)`` call counts too (imported when
+    chosen: a lazy import)."""
+    tree = ast.parse(source)
+    skip = _type_checking_lines(tree)
+    lazy = _in_functions(tree)
+    found = []
+    for node in ast.walk(tree):
+        if node.lineno in skip if hasattr(node, "lineno") else True:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from pkg import sub` depends on pkg.sub when that is a module, else on pkg
+            names = [
+                f"{node.module}.{a.name}" if exists(f"{node.module}.{a.name}") else node.module
+                for a in node.names
+            ]
+        elif (dynamic := _dynamic_import(node)) is not None:
+            names = [dynamic]
+        elif registered and (entry := _registered(node)) is not None:
+            names = [entry]
+            lazy.add(id(node))
+        for n in names:
+            target = _resolve(n, exists) if n.startswith("pipeline") else None
+            if target is not None:
+                found.append((target, getattr(node, "lineno", 0), id(node) not in lazy))
+    return found
+
+
+def _registered(node: ast.AST) -> str | None:
+    """The module of a registry entry given as ``"module:Class"`` in ``X.register(...)``."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    if node.func.attr != "register":
+        return None
+    for arg in node.args[1:2]:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and ":" in arg.value:
+            return arg.value.partition(":")[0]
+    return None
+
+
+def code_closure(module: str, follow: Callable[[str], bool]) -> tuple[str, ...]:
+    """``module`` and every project module it imports (lazily too, and a registry's
+    ``"module:Class"`` entries) for which ``follow`` is true, followed through their own
+    imports: the modules whose code a stage's rows come from (``Stage.code``)."""
+    seen = [module]
+    todo = [module]
+    while todo:
+        source = read_source(todo.pop())
+        if not isinstance(source, str):
+            continue  # installed without source: its own hash stands for it
+        for target, _, _ in imports_in(source, registered=True):
+            if target not in seen and follow(target):
+                seen.append(target)
+                todo.append(target)
+    return tuple(seen)

@@ -21,13 +21,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.backends import BACKENDS
-from pipeline.backends.base import Backend, RequestFeed
 from pipeline.backends.identity import describe, identity_id, owner
-from pipeline.backends.settings import BackendSection
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
 from pipeline.errors import BackendError
+from pipeline.kinds.backend import BACKENDS, Backend, RequestFeed
+from pipeline.kinds.settings import BackendSection
 from pipeline.llm import Answer, Failure, LLMRunner
 
 SCHEMA = {

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from standin_server import StandinServer  # noqa: E402
 
-from pipeline.backends.settings import flat_key_target  # noqa: E402
+from pipeline.kinds.settings import flat_key_target  # noqa: E402
 
 SAMPLE = ROOT / "examples" / "sample_lamp.jsonl"
 

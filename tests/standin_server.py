@@ -46,6 +46,8 @@ from typing import Any
 from aiohttp import web
 from standin_player import ModelPlayer
 
+from pipeline.backends.instance import schema_instance
+
 Responder = Callable[[dict[str, Any], int], Any]
 
 MODES = ("player", "filler")
@@ -60,9 +62,6 @@ _WORD_TEXT = (
 )
 _WORDS = _WORD_TEXT.split()
 _MALFORMED = '{"id": "chatcmpl-oops", "choi'  # truncated mid-token: not parseable JSON
-_FORMATS = {"date-time": "2024-01-01T00:00:00Z", "date": "2024-01-01", "time": "12:00:00",
-            "email": "user@example.com", "uri": "https://example.com/",
-            "uuid": "00000000-0000-4000-8000-000000000000"}  # fmt: skip
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "invalid_api_key",
@@ -105,94 +104,12 @@ def text_answer(rng: random.Random, messages: list[dict[str, Any]]) -> str:
     return " ".join(words)
 
 
-def _phrase(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(n))
-
-
-# The same generator as pipeline/backends/instance.py, kept here on purpose: the stand-in
-# runs with aiohttp and the standard library alone (tests/test_readme.py holds it to that).
 def generate_from_schema(
     schema: dict[str, Any], rng: random.Random, root: dict[str, Any] | None = None, depth: int = 0
 ) -> Any:
-    """Build a value that validates against a (pydantic-style) JSON schema."""
-    root = schema if root is None else root
-    deep = depth > 6  # recursive models: stop growing, prefer empty lists and null branches
-    if "$ref" in schema:
-        target: Any = root
-        for part in schema["$ref"].lstrip("#/").split("/"):
-            target = target[part.replace("~1", "/").replace("~0", "~")]
-        return generate_from_schema(target, rng, root, depth + 1)
-    if "const" in schema:
-        return schema["const"]
-    if schema.get("enum"):
-        return rng.choice(schema["enum"])
-    for key in ("anyOf", "oneOf"):
-        if branches := schema.get(key):
-            if deep and any(b.get("type") == "null" for b in branches):
-                return None
-            return generate_from_schema(branches[0], rng, root, depth + 1)
-    if branches := schema.get("allOf"):
-        merged = {k: v for k, v in schema.items() if k != "allOf"}
-        for branch in branches:
-            merged.update(branch)
-        return generate_from_schema(merged, rng, root, depth + 1)
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind is None:
-        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
-    if kind == "object":
-        props = dict(schema.get("properties", {}))
-        for name in schema.get("required", []):
-            props.setdefault(name, {"type": "string"})
-        return {k: generate_from_schema(v, rng, root, depth + 1) for k, v in props.items()}
-    if kind == "array":
-        lo, hi = schema.get("minItems", 0), schema.get("maxItems", math.inf)
-        n = lo if deep else int(min(max(3, lo), hi))
-        prefix = schema.get("prefixItems", [])
-        items: list[Any] = []
-        seen: set[str] = set()
-        for _ in range(n * 20 if schema.get("uniqueItems") else n):  # retries to stay unique
-            if len(items) == n:
-                break
-            sub = prefix[len(items)] if len(items) < len(prefix) else schema.get("items", {})
-            value = generate_from_schema(sub, rng, root, depth + 1)
-            key = json.dumps(value, sort_keys=True)
-            if schema.get("uniqueItems") and key in seen:
-                continue
-            seen.add(key)
-            items.append(value)
-        return items
-    if kind == "string":
-        fmt = schema.get("format")
-        if fmt in _FORMATS:
-            return _FORMATS[fmt]
-        text = _phrase(rng, rng.randint(2, 5))
-        while len(text) < schema.get("minLength", 0):
-            text += " " + rng.choice(_WORDS)
-        return text[: schema.get("maxLength", len(text))]
-    if kind in ("integer", "number"):
-        return _number(schema, rng, integer=kind == "integer")
-    if kind == "boolean":
-        return rng.random() < 0.5
-    return None
-
-
-def _number(schema: dict[str, Any], rng: random.Random, integer: bool) -> int | float:
-    """A number within minimum/maximum (exclusive bounds too); open ranges stay near 0..10."""
-    lo, hi = schema.get("minimum"), schema.get("maximum")
-    xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    if integer:
-        lo = math.ceil(lo) if lo is not None else None if xlo is None else math.floor(xlo) + 1
-        hi = math.floor(hi) if hi is not None else None if xhi is None else math.ceil(xhi) - 1
-    else:
-        lo, hi = (lo if lo is not None else xlo), (hi if hi is not None else xhi)
-    lo = (0 if hi is None else hi - 10) if lo is None else lo
-    hi = lo + 10 if hi is None else min(hi, lo + 10)
-    if integer:
-        return rng.randint(lo, max(lo, hi))
-    value = min(max(round(rng.uniform(lo, hi), 2), lo), hi)
-    return (lo + hi) / 2 if value in (xlo, xhi) else value
+    """Build a value that validates against a (pydantic-style) JSON schema: the project's
+    generator (pipeline/backends/instance.py) with the stand-in's words."""
+    return schema_instance(schema, rng, root, depth, words=_WORDS)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:

@@ -21,7 +21,7 @@ import pytest
 import test_annotate_import as base  # a module import: its tests are not collected twice
 from conftest import disk_state
 
-from pipeline.annotate import LabelStudioError
+from pipeline.annotate.errors import LabelStudioError
 from pipeline.annotate.importer import import_round
 from pipeline.cli import main
 from pipeline.config import load_config

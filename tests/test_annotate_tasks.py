@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.annotate import LabelStudioError
+from pipeline.annotate.errors import LabelStudioError
 from pipeline.annotate.export import export_round, plan_round
 from pipeline.annotate.importer import judge_direction, parse_result, verdict
 from pipeline.annotate.tasks import (
@@ -453,7 +453,7 @@ def test_judge_direction_and_verdict_status():
 def test_cli_handler_exports_file_only_from_a_run_directory(run, tmp_path, capsys):
     import argparse
 
-    from pipeline.annotate import add_annotate_parser, cmd_annotate
+    from pipeline.annotate.cli import add_annotate_parser, cmd_annotate
 
     run_dir, _ = run
     (run_dir / "run.yaml").write_text(make_config(tmp_path).to_yaml())

@@ -19,18 +19,17 @@ from test_llamacpp_backend import fake_llama, gguf  # noqa: F401 - fixtures used
 from test_ray_backend import RAY_SETTINGS, local_ray  # noqa: F401 - a fixture used by name
 from test_vllm_backend import fake_vllm  # noqa: F401 - a fixture used by name
 
-from pipeline.backends import BACKENDS, BackendRegistry
-from pipeline.backends.base import Backend
+from pipeline.backends.batchfile import BatchFileBackend
 from pipeline.backends.identity import identity_id
 from pipeline.backends.llamacpp_backend import LlamaCppBackend
 from pipeline.backends.openai.backend import OpenAIBackend
 from pipeline.backends.ray_backend import RayBackend
 from pipeline.backends.replay import ReplayBackend
-from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
 from pipeline.backends.vllm_backend import VLLMBackend
-from pipeline.batch.backend import BatchFileBackend
 from pipeline.cache import RequestCache
 from pipeline.errors import ConfigError
+from pipeline.kinds.backend import BACKENDS, Backend, BackendRegistry
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
 
 try:
     HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -84,7 +83,7 @@ def _record_batch_answers(server: Any):
     def record(tmp: Path, cfg: BackendSection, jobs: list) -> BackendSection:
         import asyncio
 
-        from pipeline.batch.store import BatchState
+        from pipeline.backends.batchstore import BatchState
         from pipeline.chat import ChatResult
         from pipeline.llm import LLMRunner
         from pipeline.run import RunDir
@@ -206,7 +205,7 @@ def test_the_registry_refuses_a_taken_name_and_anything_but_a_backend() -> None:
     reg.register("openai", "pipeline.backends.openai.backend:OpenAIBackend")
     with pytest.raises(ValueError, match="backend 'openai' is already registered"):
         reg.register("openai", OpenAIBackend)
-    with pytest.raises(TypeError, match=r"is not a subclass of pipeline\.backends\.base\.Backend"):
+    with pytest.raises(TypeError, match=r"is not a subclass of pipeline\.kinds\.backend\.Backend"):
         reg.register("dict", dict)
     with pytest.raises(TypeError, match="its name is 'replay'"):
         reg.register("other", ReplayBackend)

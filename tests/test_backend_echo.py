@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 from backend_conformance import Harness, conformance
 
-from pipeline.backends import BACKENDS
-from pipeline.backends.base import Backend, Resolve
 from pipeline.backends.instance import schema_instance
-from pipeline.backends.settings import BackendSection
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
+from pipeline.kinds.backend import BACKENDS, Backend, Resolve
+from pipeline.kinds.settings import BackendSection
 
 
 class EchoBackend(Backend):

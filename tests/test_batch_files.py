@@ -32,8 +32,8 @@ from pipeline.backends.openai.lines import CHAT_URL, read_results, request_line
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
 from pipeline.cli import main
+from pipeline.kinds.stages import ORDER
 from pipeline.run import RunDir
-from pipeline.stages import ORDER
 
 # BatchRequestInput (vLLM) / the request input object (OpenAI)
 REQUEST_FIELDS = {"custom_id", "method", "url", "body"}

@@ -17,9 +17,9 @@ from pipeline.chat import ChatResult
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
+from pipeline.kinds.stages import ORDER
 from pipeline.orchestrate import run_pipeline
 from pipeline.run import RunDir
-from pipeline.stages import ORDER
 
 ID_KEYS = {
     "ingest": "example_id",

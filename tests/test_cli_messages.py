@@ -10,7 +10,7 @@ import pytest
 from conftest import write_config
 
 from pipeline.cli import build_parser, main
-from pipeline.stages import ORDER
+from pipeline.kinds.stages import ORDER
 
 N_EXAMPLES = 12
 

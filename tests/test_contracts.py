@@ -9,9 +9,9 @@ from conftest import write_config
 
 from pipeline.cli import main
 from pipeline.errors import StageError
+from pipeline.kinds.stages import ORDER, STAGES
 from pipeline.orchestrate import check_contracts
 from pipeline.records import PAIR_RECORD_FIELDS
-from pipeline.stages import ORDER, STAGES
 
 
 def _stages():

@@ -23,9 +23,9 @@ import pytest
 from conftest import write_config
 
 from pipeline.config import load_config
+from pipeline.kinds.stages import ORDER
 from pipeline.orchestrate import run_pipeline
 from pipeline.run import RunDir
-from pipeline.stages import ORDER
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 # Children are never forked from this process, which runs threads (the stand-in server,

@@ -30,10 +30,10 @@ from pipeline.backends.openai import dialects
 from pipeline.backends.openai.backend import server_identity
 from pipeline.backends.openai.dialects import Dialect, json_in_text, strict_schema
 from pipeline.backends.openai.wire import refused_feature
-from pipeline.backends.settings import OpenAISettings
 from pipeline.chat import ChatRequest
 from pipeline.cli import main
 from pipeline.config import load_config
+from pipeline.kinds.settings import OpenAISettings
 from pipeline.orchestrate import run_pipeline
 from pipeline.run import RunDir
 
@@ -326,7 +326,7 @@ def test_the_sample_config_runs_against_llama_cpp_pythons_own_server(tmp_path, c
     answers one choice whatever n is: the run finds json_object with the schema beside it
     and single requests, and no request fails for a reason of the pipeline's."""
     from pipeline.backends.llamacpp_backend import resolve_model
-    from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL
+    from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
 
     gguf = resolve_model(LLAMACPP_DEFAULT_MODEL)
     port = _free_port()
@@ -417,8 +417,8 @@ def test_plan_never_asks_and_reads_what_the_run_found(tmp_path, capsys):
 def test_the_ray_http_engine_refuses_a_dialect_it_cannot_send():
     pytest.importorskip("ray")
     from pipeline.backends.ray_backend import RayBackend
-    from pipeline.backends.settings import BackendSection
     from pipeline.errors import BackendError
+    from pipeline.kinds.settings import BackendSection
 
     cfg = BackendSection(name="ray", openai={"structured_output": "json_object"})
     with pytest.raises(BackendError, match="sends json_schema only"):

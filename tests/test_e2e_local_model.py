@@ -26,7 +26,7 @@ import yaml
 from conftest import SAMPLE
 
 from pipeline import schemas
-from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("ingest", "rubrics", "responses", "judge", "pairs")

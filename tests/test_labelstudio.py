@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.annotate import LabelStudioError
+from pipeline.annotate.errors import LabelStudioError
 from pipeline.annotate.export import connect, export_round, find_project
 from pipeline.annotate.importer import import_round
 from pipeline.annotate.server import LabelStudioServer, free_port, local_credentials

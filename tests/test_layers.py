@@ -6,54 +6,34 @@ Imports under ``if TYPE_CHECKING:`` are annotations only and not counted."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
+from pipeline.sourcehash import imports_in
+
 PKG = Path(__file__).resolve().parent.parent / "pipeline"
 
-# Lowest first; a module belongs to the layer of the longest entry naming it or a package
-# above it. Keep in step with docs/architecture.md.
+# Lowest first. A layer is a list of folders (packages) and top-level modules of pipeline/:
+# a folder belongs to one layer whole, so the folders themselves show the layers. Every
+# import, at module level or inside a function, goes to its own layer or a lower one.
+# Keep in step with docs/architecture.md.
 LAYERS: list[tuple[str, list[str]]] = [
-    (
-        "foundation",
-        ["pipeline", "pipeline.errors", "pipeline.ids", "pipeline.io", "pipeline.fields",
-         "pipeline.redact", "pipeline.registry", "pipeline.resources", "pipeline.cliargs",
-         "pipeline.progress", "pipeline.run.layout", "pipeline.section", "pipeline.sourcehash",
-         "pipeline.modelfiles"],
-    ),
-    (
-        "types and rules",
-        ["pipeline.chat", "pipeline.records", "pipeline.rules", "pipeline.schemas",
-         "pipeline.prompts", "pipeline.promptfiles", "pipeline.profile", "pipeline.dedup",
-         "pipeline.filters", "pipeline.inputs",
-         # the release row's table; its `recorded` module reads runs (a command)
-         "pipeline.release",
-         # the two registries: names only, their modules load when chosen
-         "=pipeline.backends", "=pipeline.stages",
-         # what a backend is (its interface and settings, GGUF headers): no engine
-         "=pipeline.backends.base", "=pipeline.backends.settings", "=pipeline.backends.gguf"],
-    ),
-    # a package: sections, yamlfile, overrides, checks, load, describe
-    ("config", ["pipeline.config"]),
-    ("storage and input", ["pipeline.run", "pipeline.cache", "pipeline.ingest",
-                           "pipeline.batch.store"]),
-    # batch files: the line format (read with the openai backend's reply parser) and the
-    # batchfile backend; its commands (files, cli) are commands
-    ("engines", ["pipeline.backends", "pipeline.budget", "pipeline.llm",
-                 "pipeline.batch.backend"]),
-    ("stages", ["pipeline.stages"]),
-    ("orchestration", ["pipeline.orchestrate", "pipeline.runsummary"]),
-    (
-        "commands",
-        ["pipeline.publish", "pipeline.annotate", "pipeline.audit", "pipeline.eval",
-         "pipeline.release.recorded",
-         "pipeline.quickstart", "pipeline.batch.files", "pipeline.batch.cli",
-         # a package: counters, placeholders, estimate, throughput, result, render
-         "pipeline.plan"],
-    ),
-    ("interface", ["pipeline.cli", "pipeline.errorline"]),
+    ("foundation", ["pipeline", "errors", "ids", "io", "fields", "redact", "registry",
+                    "resources", "cliargs", "progress", "section", "sourcehash", "modelfiles"]),
+    # types, the rules and the kinds that live with them (input formats, pair filters), the
+    # release row's table
+    ("types and rules", ["chat", "records", "rules", "schemas", "prompts", "promptfiles",
+                         "profile", "dedup", "filters", "inputs", "release"]),
+    # what each engine kind is (a backend, a dialect, a stage) and the registries naming them
+    ("kinds", ["kinds"]),
+    ("config", ["config"]),
+    ("storage and input", ["run", "cache", "ingest"]),
+    ("engines", ["backends", "budget", "llm"]),
+    ("stages", ["stages"]),
+    ("orchestration", ["orchestrate", "runsummary"]),
+    ("commands", ["publish", "annotate", "audit", "eval", "plan", "batch", "quickstart"]),
+    ("interface", ["cli", "errorline"]),
 ]  # fmt: skip
 
 
@@ -65,97 +45,23 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
 
 
+def unit_of(module: str) -> str:
+    """The folder (package) or top-level module of pipeline/ a module is in."""
+    parts = module.split(".")
+    return "pipeline" if len(parts) == 1 else parts[1]
+
+
 def layer_of(module: str) -> int:
-    best, best_len = None, -1
-    for i, (_, names) in enumerate(LAYERS):
-        for entry in names:
-            exact = entry.startswith("=")
-            name = entry.lstrip("=")
-            hit = module == name if exact else module == name or module.startswith(name + ".")
-            if hit and len(name) + exact > best_len:
-                best, best_len = i, len(name) + exact
-    assert best is not None, f"{module} is in no layer: add it to LAYERS and the docs"
-    return best
-
-
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If):
-            t = node.test
-            if (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-                isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
-            ):
-                lines.update(n.lineno for n in ast.walk(node) if hasattr(n, "lineno"))
-    return lines
-
-
-def _resolve(name: str) -> str | None:
-    """The project module an imported name refers to (the longest existing prefix)."""
-    parts = name.split(".")
-    while parts and ".".join(parts) not in MODULES:
-        parts.pop()
-    return ".".join(parts) or None
-
-
-def _dynamic_import(node: ast.AST) -> str | None:
-    """The module a call imports by name (``importlib.import_module("pipeline.x")``,
-    ``import_module(...)``, ``__import__(...)``), when the name is written in the call: a
-    literal, or an f-string's leading literal part (``f"pipeline.audit.{name}"`` imports
-    some module of ``pipeline.audit``)."""
-    if not isinstance(node, ast.Call) or not node.args:
-        return None
-    f = node.func
-    called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-    if called not in ("import_module", "__import__"):
-        return None
-    arg = node.args[0]
-    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-        return arg.value
-    if isinstance(arg, ast.JoinedStr) and arg.values:
-        head = arg.values[0]
-        if isinstance(head, ast.Constant) and isinstance(head.value, str):
-            return head.value.rstrip(".")
-    return None
-
-
-def _in_functions(tree: ast.AST) -> set[int]:
-    """Ids of the nodes inside a function or lambda body: run when called, not at import."""
-    inside: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            inside.update(id(n) for n in ast.walk(node) if n is not node)
-    return inside
+    unit = unit_of(module)
+    found = [i for i, (_, units) in enumerate(LAYERS) if unit in units]
+    assert len(found) == 1, f"{unit} is in {len(found)} layers: give it one in LAYERS and the docs"
+    return found[0]
 
 
 def imports(path: Path) -> list[tuple[str, int, bool]]:
-    """(imported project module, line, at module level) for every import of ``path``:
-    import statements, and calls that import a module by a name written in the code. At
-    module level: run when the module is imported (not inside a function), ``try`` and
-    ``if`` blocks included."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = _type_checking_lines(tree)
-    lazy = _in_functions(tree)
-    found = []
-    for node in ast.walk(tree):
-        if node.lineno in skip if hasattr(node, "lineno") else True:
-            continue
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from pkg import sub` depends on pkg.sub when that is a module, else on pkg
-            names = [
-                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
-                for a in node.names
-            ]
-        elif (dynamic := _dynamic_import(node)) is not None:
-            names = [dynamic]
-        for n in names:
-            target = _resolve(n) if n.startswith("pipeline") else None
-            if target is not None:
-                found.append((target, node.lineno, id(node) not in lazy))
-    return found
+    """(imported project module, line, at module level) for every import of ``path``: the
+    package's own reader (``pipeline.sourcehash.imports_in``), over this test's modules."""
+    return imports_in(path.read_text(encoding="utf-8"), MODULES.__contains__)
 
 
 def test_every_module_has_a_layer():
@@ -182,6 +88,7 @@ def upward_imports() -> list[str]:
 
 
 def test_no_import_goes_up_a_layer():
+    """At module level or inside a function: a lazy import up a layer is an arrow up too."""
     upward = upward_imports()
     assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
 
@@ -223,15 +130,25 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the project modules it imports at module level. A package's ``__init__``
-    counts as a module like any other: one that imports its submodules depends on them,
-    and a submodule that imports a name from its package's ``__init__`` depends on it, so
-    a cycle through a package's own ``__init__`` is a cycle (Python runs the ``__init__``
-    first, and the submodule would see it half-initialised)."""
+def import_graph(lazy: bool = False) -> dict[str, set[str]]:
+    """module -> the project modules it imports at module level (with ``lazy``: inside
+    functions too). A package's ``__init__`` counts as a module like any other: one that
+    imports its submodules depends on them, and a submodule that imports a name from its
+    package's ``__init__`` depends on it, so a cycle through a package's own ``__init__``
+    is a cycle (Python runs the ``__init__`` first, and the submodule would see it
+    half-initialised)."""
     graph: dict[str, set[str]] = {}
     for m, path in MODULES.items():
-        graph[m] = {target for target, _, at_top in imports(path) if at_top and target != m}
+        graph[m] = {t for t, _, at_top in imports(path) if (at_top or lazy) and t != m}
+    return graph
+
+
+def folder_graph() -> dict[str, set[str]]:
+    """folder (or top-level module) -> those it imports, every import counted."""
+    graph: dict[str, set[str]] = {}
+    for m, targets in import_graph(lazy=True).items():
+        mine = unit_of(m)
+        graph.setdefault(mine, set()).update(u for t in targets if (u := unit_of(t)) != mine)
     return graph
 
 
@@ -239,13 +156,41 @@ def test_no_module_level_import_cycle():
     assert _cycles(import_graph()) == []
 
 
+def test_no_import_cycle_at_all():
+    """Lazy imports included: two modules that import each other, even inside functions,
+    are one module split in two (the openai backend and its batch line format were)."""
+    assert _cycles(import_graph(lazy=True)) == []
+
+
+def test_no_folder_imports_a_folder_that_imports_it_back():
+    assert _cycles(folder_graph()) == []
+
+
+def test_every_folder_is_in_one_layer():
+    units = {unit_of(m) for m in MODULES}
+    listed = [u for _, us in LAYERS for u in us]
+    assert sorted(listed) == sorted(set(listed)), "a folder listed twice"
+    assert units == set(listed), units ^ set(listed)
+
+
 @pytest.mark.parametrize(
     "low, high",
     [
         ("pipeline.config", "pipeline.audit.checks"),  # the rules' defaults live below config
         ("pipeline.filters", "pipeline.audit.checks"),  # the filters use pipeline.rules
-        ("pipeline.cache", "pipeline.backends.base"),  # both use pipeline.chat
+        ("pipeline.cache", "pipeline.kinds.backend"),  # both use pipeline.chat
         ("pipeline.errors", "pipeline.config"),  # presentation is in pipeline.errorline
+        # the base class knew one file format; the openai backend counts a .gguf model
+        ("pipeline.kinds.backend", "pipeline.backends.gguf"),
+        # the batch line format and the dialects read the wire, not the backend
+        ("pipeline.backends.openai.lines", "pipeline.backends.openai.backend"),
+        ("pipeline.backends.openai.dialects", "pipeline.backends.openai.backend"),
+        ("pipeline.backends.openai.wire", "pipeline.backends.openai.dialects"),
+        # the run's folders know the stages' order from the kinds floor
+        ("pipeline.run", "pipeline.stages"),
+        # the config lists the input formats from the registry, not by calling each reader
+        ("pipeline.config", "pipeline.inputs.jsonl"),
+        ("pipeline.config", "pipeline.inputs.tables"),
     ],
 )
 def test_the_cycles_the_layers_replaced_are_gone(low, high):
@@ -313,3 +258,24 @@ def test_a_cycle_through_a_packages_own_init_is_a_cycle(monkeypatch, tmp_path):
     graph = import_graph()
     assert graph["pipeline.fakepkg.other"] == {"pipeline.fakepkg"}
     assert _cycles(graph) == [["pipeline.fakepkg", "pipeline.fakepkg.worker"]]
+
+
+def test_importing_the_config_imports_no_reader_and_no_engine():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipeline.config; "
+        "print(' '.join(m for m in sys.modules if m.startswith('pipeline.')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "pipeline.config" in out
+    heavy = [
+        m
+        for m in out
+        if m.startswith(("pipeline.backends", "pipeline.stages", "pipeline.inputs.jsonl",
+                         "pipeline.inputs.tables", "pipeline.run", "pipeline.llm"))
+    ]  # fmt: skip
+    assert heavy == []

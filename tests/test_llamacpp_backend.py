@@ -26,11 +26,11 @@ from conftest import write_config
 from pipeline import schemas
 from pipeline.backends import llamacpp_backend as lb
 from pipeline.backends.factory import make_backend, preflight
-from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import Config, load_config
 from pipeline.errors import BackendError, StageError
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
 from pipeline.llm import LLMRunner
 
 ROOT = Path(__file__).resolve().parents[1]

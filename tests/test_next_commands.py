@@ -17,9 +17,9 @@ from conftest import write_config
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errorline import format_error
+from pipeline.kinds.stages import ORDER
 from pipeline.plan import estimate
 from pipeline.run import RunDir
-from pipeline.stages import ORDER
 
 PRICES = ["run.prices.input_usd_per_million=0.5", "run.prices.output_usd_per_million=2.0"]
 

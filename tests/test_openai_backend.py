@@ -494,7 +494,7 @@ def test_a_busy_server_is_waited_for_then_named_busy_not_down(monkeypatch) -> No
     `vllm serve`. It is now asked again with the requests' own timeout, and a server still
     silent is called busy."""
     import pipeline.backends.openai.wire as ob
-    from pipeline.backends.settings import OpenAISettings
+    from pipeline.kinds.settings import OpenAISettings
 
     monkeypatch.setattr(ob, "MODELS_FIRST_WAIT_S", 0.3)
     slow = _SlowModels([0.8, 0.0])  # busy for the first ask only
@@ -520,7 +520,7 @@ def test_a_server_that_is_not_there_names_how_to_start_one() -> None:
     import socket
 
     import pipeline.backends.openai.wire as ob
-    from pipeline.backends.settings import OpenAISettings
+    from pipeline.kinds.settings import OpenAISettings
 
     with socket.socket() as s:  # a free port, closed again: nothing listens there
         s.bind(("127.0.0.1", 0))
@@ -538,7 +538,7 @@ def test_a_model_the_server_does_not_list_is_a_warning_and_on_the_card() -> None
     nothing)" without a word. What the server lists is now part of what answered, said as a
     warning, and in the description the card shows."""
     import pipeline.backends.openai.backend as ob
-    from pipeline.backends.settings import OpenAISettings
+    from pipeline.kinds.settings import OpenAISettings
 
     srv = _SlowModels([0.0])  # lists the model 'm' only
     try:

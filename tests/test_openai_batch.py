@@ -278,12 +278,12 @@ def test_a_failed_batch_is_one_line_naming_the_reason(tmp_path):
 def test_a_batch_created_but_not_recorded_is_found_again(tmp_path):
     """A kill between batches.create and the record of its id: the next run finds the
     batch by its input file and polls it; nothing is created twice."""
-    from pipeline.backends.base import RequestFeed
     from pipeline.backends.openai.backend import OpenAIBackend
     from pipeline.backends.openai.batch import Ledger
     from pipeline.backends.openai.lines import request_line
-    from pipeline.backends.settings import BackendSection
     from pipeline.chat import ChatRequest
+    from pipeline.kinds.backend import RequestFeed
+    from pipeline.kinds.settings import BackendSection
 
     with BatchesServer() as server:
         cfg = BackendSection.model_validate(
@@ -498,8 +498,8 @@ def test_the_api_limit_of_50000_requests_a_file_holds_at_the_defaults(tmp_path):
     a file of 50,000 and one of 10,000, each line once, in order."""
     from pipeline.backends.openai.backend import OpenAIBackend
     from pipeline.backends.openai.batch import BatchRunner
-    from pipeline.backends.settings import BackendSection
     from pipeline.chat import ChatRequest
+    from pipeline.kinds.settings import BackendSection
 
     cfg = BackendSection.model_validate({"openai": {"batch": True}})
     assert cfg.openai.batch_max_requests == 50_000

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from pipeline import schemas
-from pipeline.backends.base import Backend, RequestFeed
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.kinds.backend import Backend, RequestFeed
 from pipeline.llm import Answer, Failure, Job, LLMRunner
 
 SCHEMA = schemas.pairwise_schema(256)

@@ -15,7 +15,7 @@ from conftest import write_config
 
 from pipeline import sourcehash
 from pipeline.cli import main
-from pipeline.stages import ORDER, STAGES
+from pipeline.kinds.stages import ORDER, STAGES
 
 ORIGINAL = sourcehash.read_source
 
@@ -170,3 +170,24 @@ def test_a_field_a_newer_python_adds_to_a_node_changes_nothing(monkeypatch):
     assert sourcehash.normalised_source(source) == before
     # and an empty field is still told apart from a filled one
     assert sourcehash.normalised_source(source.replace("x[1:]", "x[:1]")) != before
+
+
+def test_a_stages_code_is_derived_from_what_it_imports():
+    """No hand-kept list: a stage's code is its module and the row-deciding modules it
+    imports, followed through theirs (pipeline.stages.base.ROW_CODE); the readers the input
+    registry names count for ingest, and the engines and storage never do."""
+    from pipeline.stages.base import ROW_CODE
+
+    code = {n: STAGES.get(n)().code for n in ORDER}
+    # a module imported since a list was last edited by hand (the prompt files)
+    assert "pipeline.promptfiles" in code["responses"]
+    # the registry's lazy entries ("module:Class") of the formats ingest reads with
+    assert {"pipeline.inputs.jsonl", "pipeline.inputs.tables"} <= set(code["ingest"])
+    # followed through: filters import the rules, which import their parts
+    assert {"pipeline.filters", "pipeline.rules.pair", "pipeline.rules.regexgate"} <= set(
+        code["pairs"]
+    )
+    for name, modules in code.items():
+        assert modules[0] == STAGES.get(name).__module__
+        for m in modules[1:]:
+            assert any(m == r or m.startswith(r + ".") for r in ROW_CODE), (name, m)

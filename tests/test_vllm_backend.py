@@ -521,8 +521,8 @@ def test_the_grammar_engine_is_part_of_the_identity_and_decides_the_schema_form(
     """xgrammar (the default) is sent schemas without string bounds; guidance (llguidance
     enforces them cheaply) the full ones; the two are different backends to the cache."""
     from pipeline import schemas
-    from pipeline.backends.settings import BackendSection
     from pipeline.backends.vllm_backend import VLLMBackend
+    from pipeline.kinds.settings import BackendSection
 
     default = BackendSection(name="vllm", model=MODEL)
     guided = BackendSection(

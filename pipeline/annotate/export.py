@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.annotate import LabelStudioError
+from pipeline.annotate.errors import LabelStudioError
 from pipeline.annotate.tasks import (
     RoundPlan,
     build_round,

@@ -46,8 +46,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pipeline.annotate import LabelStudioError
 from pipeline.annotate.agreement import Annotation, gold_accuracy, majority, summarize
+from pipeline.annotate.errors import LabelStudioError
 from pipeline.annotate.export import check_connection, client_url, connect, find_project
 from pipeline.annotate.tasks import (
     CHOICE_CONTROL,

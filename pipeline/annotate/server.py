@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.annotate import LabelStudioError
+from pipeline.annotate.errors import LabelStudioError
 from pipeline.io import read_json, write_json_atomic
 
 LABEL_STUDIO_VERSION = "1.23.2"

@@ -277,19 +277,7 @@ def _checks_figures(
         "share_flagged": _share(len(flagged), n),
         "flags": len(flags),
         "by_category": {k: dict(v) for k, v in sorted(by_cat.items())},
-        "rules": {
-            "word_cap": rules.word_cap,
-            "length_slack": rules.length_slack,
-            "cap": round(rules.cap, 2),
-            "similarity_max": rules.similarity_max,
-            "echo_min_words": rules.echo_min_words,
-            "echo_threshold": rules.echo_threshold,
-            "meta_patterns": len(rules.meta_patterns),
-            "refusal_patterns": len(rules.refusal_patterns),
-            "dedup_question_threshold": rules.dedup_question_threshold,
-            "dedup_answer_threshold": rules.dedup_answer_threshold,
-            "dedup_profile_threshold": rules.dedup_profile_threshold,
-        },
+        "rules": rules.thresholds(),
         "examples": [
             {k: f[k] for k in ("id", "check", "side", "category", "detail", "excerpt")}
             for f in flags[:EXAMPLES_IN_REPORT]

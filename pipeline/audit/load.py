@@ -296,14 +296,14 @@ def load_pairs(
 
     The description has ``path``, ``format`` and, when the source needed explaining,
     ``note``; a release's private ``_recorded`` (its release.json, see
-    :mod:`pipeline.release.recorded`); its private ``_where`` (a :class:`Where`) locates
+    :mod:`pipeline.publish.recorded`); its private ``_where`` (a :class:`Where`) locates
     each row for errors. A release inside its run, or a run's pair stage, that the run no
     longer supports (a stage re-done or being re-done since) is refused with one line,
     unless ``stale_ok`` (then the note says so). ``compact``: each row's types checked as
     it is read and the row cut down to what the audit reads (:class:`Compact`); its private
     ``_compact`` holds the first type problem for :func:`check_types`.
     """
-    from pipeline.release.recorded import check_current, summary_of
+    from pipeline.publish.recorded import check_current, summary_of
 
     path = Path(path)
     if not path.exists():

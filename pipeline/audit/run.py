@@ -76,7 +76,7 @@ def resolve_rules(
     lies), else the run's own run.yaml, else the config defaults; ``word_cap`` overrides the
     cap."""
     from pipeline.config import Config, load_config
-    from pipeline.release.recorded import recorded_rules
+    from pipeline.publish.recorded import recorded_rules
 
     origin = "the config defaults"
     cfg = None

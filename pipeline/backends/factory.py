@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.backends import BACKENDS
-from pipeline.backends.base import Backend, Resolve
+from pipeline.kinds.backend import BACKENDS, Backend, Resolve
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import BackendSection
+    from pipeline.kinds.settings import BackendSection
 
 
 def make_backend(

@@ -8,9 +8,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from pipeline.backends.base import TokenCount
 from pipeline.chat import ChatRequest
 from pipeline.errors import BackendError
+from pipeline.kinds.backend import TokenCount
 
 _GGUF_MAGIC = b"GGUF"
 # GGUF value types (ggml's gguf.h): fixed sizes; 8 is a string, 9 an array

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from pipeline.ids import content_hash
 
 if TYPE_CHECKING:
-    from pipeline.backends.base import Backend, Resolve
-    from pipeline.backends.settings import BackendSection
+    from pipeline.kinds.backend import Backend, Resolve
+    from pipeline.kinds.settings import BackendSection
 
 # keys describing where an identity came from, not what served: left out of its id
 NOT_KEYED = ("replayed_from", "assumed", "asked")
@@ -52,7 +52,7 @@ def identity_id(identity: dict[str, Any]) -> str:
 def owner(identity: dict[str, Any]) -> type[Backend] | None:
     """The backend class that made ``identity``: its ``kind`` is the backend's name, or
     the name and a dash (``ray-http``). None for the stand-in and unknown kinds."""
-    from pipeline.backends import BACKENDS
+    from pipeline.kinds.backend import BACKENDS
 
     kind = str(identity.get("kind"))
     for name in (kind, kind.split("-", 1)[0]):
@@ -87,6 +87,11 @@ def standin_identity(entry: dict[str, Any]) -> dict[str, Any]:
         "responder": entry.get("prb_responder") or "rule-based",
         "model_output": False,
     }
+
+
+def is_standin(identity: dict[str, Any]) -> bool:
+    """Whether ``identity`` is the project's stand-in server's (``standin_identity``)."""
+    return identity.get("kind") == "stand-in"
 
 
 def plain_url(url: str) -> str:
@@ -166,6 +171,6 @@ def identify(
     that asks for ``models`` (:meth:`Backend.identify`). Raises BackendError when it
     cannot be known (a server that cannot be reached, a replay source without
     provenance)."""
-    from pipeline.backends import BACKENDS
+    from pipeline.kinds.backend import BACKENDS
 
     return BACKENDS.get(cfg.name).identify(cfg, models, resolve=resolve, cache_path=cache_path)

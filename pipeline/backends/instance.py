@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
 
 _WORDS = (
@@ -23,12 +24,15 @@ def schema_instance(
     rng: random.Random | None = None,
     root: dict[str, Any] | None = None,
     depth: int = 0,
+    *,
+    words: Sequence[str] = _WORDS,
 ) -> Any:
     """A value that validates against a (pydantic-style) JSON schema: ``$ref``, ``const``,
     ``enum``, ``anyOf``/``oneOf``/``allOf``, objects with their required properties, arrays
     within min/maxItems (unique when asked), strings within min/maxLength and the common
     formats, numbers within their bounds. For a backend that answers without a model (a
-    test's, docs/backends.md) and for tests."""
+    test's, docs/backends.md) and for tests. ``words``: the vocabulary of generated strings
+    (the stand-in server, tests/standin_server.py, passes its own)."""
     rng = rng if rng is not None else random.Random(0)
     root = schema if root is None else root
     deep = depth > 6  # recursive models: stop growing, prefer empty lists and null branches
@@ -36,7 +40,7 @@ def schema_instance(
         target: Any = root
         for part in schema["$ref"].lstrip("#/").split("/"):
             target = target[part.replace("~1", "/").replace("~0", "~")]
-        return schema_instance(target, rng, root, depth + 1)
+        return schema_instance(target, rng, root, depth + 1, words=words)
     if "const" in schema:
         return schema["const"]
     if schema.get("enum"):
@@ -45,12 +49,12 @@ def schema_instance(
         if branches := schema.get(key):
             if deep and any(b.get("type") == "null" for b in branches):
                 return None
-            return schema_instance(branches[0], rng, root, depth + 1)
+            return schema_instance(branches[0], rng, root, depth + 1, words=words)
     if branches := schema.get("allOf"):
         merged = {k: v for k, v in schema.items() if k != "allOf"}
         for branch in branches:
             merged.update(branch)
-        return schema_instance(merged, rng, root, depth + 1)
+        return schema_instance(merged, rng, root, depth + 1, words=words)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
@@ -60,7 +64,7 @@ def schema_instance(
         props = dict(schema.get("properties", {}))
         for name in schema.get("required", []):
             props.setdefault(name, {"type": "string"})
-        return {k: schema_instance(v, rng, root, depth + 1) for k, v in props.items()}
+        return {k: schema_instance(v, rng, root, depth + 1, words=words) for k, v in props.items()}
     if kind == "array":
         lo, hi = schema.get("minItems", 0), schema.get("maxItems", math.inf)
         n = lo if deep else int(min(max(3, lo), hi))
@@ -71,7 +75,7 @@ def schema_instance(
             if len(items) == n:
                 break
             sub = prefix[len(items)] if len(items) < len(prefix) else schema.get("items", {})
-            value = schema_instance(sub, rng, root, depth + 1)
+            value = schema_instance(sub, rng, root, depth + 1, words=words)
             key = json.dumps(value, sort_keys=True)
             if schema.get("uniqueItems") and key in seen:
                 continue
@@ -82,9 +86,9 @@ def schema_instance(
         fmt = schema.get("format")
         if fmt in _FORMATS:
             return _FORMATS[fmt]
-        text = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 5)))
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(2, 5)))
         while len(text) < schema.get("minLength", 0):
-            text += " " + rng.choice(_WORDS)
+            text += " " + rng.choice(words)
         return text[: schema.get("maxLength", len(text))]
     if kind in ("integer", "number"):
         return _number(schema, rng, integer=kind == "integer")

@@ -49,16 +49,16 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.base import Backend, Resolve, TokenCount
 from pipeline.backends.gguf import check_gguf, gguf_counter_notes
 from pipeline.backends.identity import file_sha256, version
-from pipeline.backends.settings import LLAMACPP_DEFAULT_MODEL, LlamaCppSettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.kinds.backend import Backend, Resolve, TokenCount
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, LlamaCppSettings
 from pipeline.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import BackendSection
+    from pipeline.kinds.settings import BackendSection
 
 # The llama-cpp-python release the `local` extra pins and this backend was checked against.
 VERIFIED_LLAMA_CPP_VERSION = "0.3.36"

@@ -54,14 +54,14 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.base import Backend, Resolve
 from pipeline.backends.identity import plain_url
-from pipeline.backends.settings import RaySettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.kinds.backend import Backend, Resolve
+from pipeline.kinds.settings import RaySettings
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import BackendSection
+    from pipeline.kinds.settings import BackendSection
 
 INSTALL_HINT = "pip install 'personalized-rewardbench[ray]'"
 GPU_INSTALL_HINT = "pip install 'personalized-rewardbench[ray-gpu]'"  # ray[llm] pins its vLLM

@@ -12,15 +12,15 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.base import Backend, Resolve
 from pipeline.backends.identity import identity_id
-from pipeline.backends.settings import ReplaySettings
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.kinds.backend import Backend, Resolve
+from pipeline.kinds.settings import ReplaySettings
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import BackendSection
+    from pipeline.kinds.settings import BackendSection
 
 
 class _JsonlCache:

@@ -32,15 +32,15 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.base import Backend, Resolve
 from pipeline.backends.identity import folder_sha256, version
-from pipeline.backends.settings import VLLMSettings
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.kinds.backend import Backend, Resolve
+from pipeline.kinds.settings import VLLMSettings
 from pipeline.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import BackendSection
+    from pipeline.kinds.settings import BackendSection
 
 # The vLLM release this backend's calls were checked against on a GPU (LLM.chat with a list
 # of SamplingParams, n, seeds, StructuredOutputsParams, finish reasons, token counts, and the

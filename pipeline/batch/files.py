@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.backends.batchfile import BatchFileBackend, Recording, recording
+from pipeline.backends.batchstore import BatchState
 from pipeline.backends.openai.lines import Parsed, read_results, request_line
-from pipeline.batch.backend import BatchFileBackend, Recording, recording
-from pipeline.batch.store import BatchState
 from pipeline.errors import ConfigError, InputError, StageError, Unanswered
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def _stderr(line: str) -> None:
 def check_batchfile(cfg: Config, command: str) -> None:
     """Batch files need the ``batchfile`` backend: its identity is fixed by the config, so
     the keys an export writes are the keys `prb run` looks up."""
-    from pipeline.backends import BACKENDS
+    from pipeline.kinds.backend import BACKENDS
 
     if not issubclass(BACKENDS.get(cfg.backend.name), BatchFileBackend):
         raise ConfigError(

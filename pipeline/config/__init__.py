@@ -14,7 +14,6 @@ field, for docs/config.md and ``prb config show``). The names importers use are 
 
 from __future__ import annotations
 
-from pipeline.backends.settings import BackendSection
 from pipeline.config.checks import check_input_path
 from pipeline.config.describe import describe_fields
 from pipeline.config.load import config_from_overrides, load_config
@@ -36,6 +35,7 @@ from pipeline.config.sections import (
     Strategy,
 )
 from pipeline.config.yamlfile import ConfigLoader, DuplicateKeyError
+from pipeline.kinds.settings import BackendSection
 
 __all__ = [
     "PATH_FIELDS",

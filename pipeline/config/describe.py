@@ -27,9 +27,26 @@ def describe_fields(model: BaseModel | None = None, prefix: str = "") -> list[tu
         else:
             shown = json.dumps(str(value) if isinstance(value, Path) else value)
             desc = f.description or ""
+            extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+            registry = extra.get("registry")
+            if isinstance(registry, str):
+                desc = f"{desc} {registry_help(registry)}"
             bounds = _bounds_text(f.metadata)
             rows.append((dotted, shown, f"{desc} {bounds}" if bounds else desc))
     return rows
+
+
+def registry_help(spec: str) -> str:
+    """The entries of a registry (``"module:NAME"``) as a field's help lists them: each
+    name, with its class's ``summary`` where it has one. Imports the entries: help only."""
+    from pipeline.registry import load_target
+
+    registry = load_target(spec)
+    parts = []
+    for name, entry in registry.items():
+        summary = str(getattr(entry, "summary", "") or "").rstrip(".")
+        parts.append(f"{name} ({summary})" if summary else name)
+    return "; ".join(parts) + "."
 
 
 def _bounds_text(metadata: list[Any]) -> str | None:

@@ -9,7 +9,6 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from pipeline.backends.settings import move_flat_keys
 from pipeline.config.checks import (
     check_consistency,
     check_input_paths,
@@ -22,6 +21,7 @@ from pipeline.config.overrides import apply_overrides, flat_backend_keys, warn_f
 from pipeline.config.sections import Config
 from pipeline.config.yamlfile import check_plain, read_config_file
 from pipeline.errors import ConfigError
+from pipeline.kinds.settings import move_flat_keys
 from pipeline.redact import redact, register_names, register_value, url_secrets
 
 _SECRET_KEYS = {"api_key", "token", "password", "secret", "access_token"}

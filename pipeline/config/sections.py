@@ -15,10 +15,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, field_validator
 
-from pipeline.backends.settings import BackendSection
-from pipeline.backends.settings import check_http_url as _check_http_url
 from pipeline.errors import ConfigError
 from pipeline.inputs import FORMATS
+from pipeline.kinds.settings import BackendSection
+from pipeline.kinds.settings import check_http_url as _check_http_url
 from pipeline.redact import public_url
 from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
 from pipeline.rules import default as rule_default
@@ -152,9 +152,8 @@ def _shard_size(stage: str) -> Any:
 class InputSection(_Section):
     format: str = Field(
         "lamp",
-        # the registry's formats, each described by its reader class
-        description="; ".join(f"{n}: {FORMATS.get(n).summary.rstrip('.')}" for n in FORMATS.names())
-        + ". Others: docs/inputs.md.",
+        description="Input format, one of the registered readers (others: docs/inputs.md):",
+        json_schema_extra={"registry": "pipeline.inputs:FORMATS"},
     )
     path: Path | None = Field(
         None, description="lamp: the JSONL file; hf: the dataset folder or parquet file."

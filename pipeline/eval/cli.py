@@ -249,16 +249,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from pipeline.eval.spec import parse_spec
 
     specs = [parse_spec(s) for s in args.scorer]  # every spec checked before any model loads
-    from pipeline.eval.pointwise import check_device_map, check_model_folder
-
     for spec in specs:
-        if spec.kind == "pointwise":
-            check_model_folder(Path(spec.target).expanduser())
-            check_device_map(spec.opt("device_map"))
-        elif spec.opt("format") == "json":
-            from pipeline.eval.pairwise import verdict_schema
-
-            verdict_schema(spec.opt("max_tokens"), spec.opt("ties"))  # room for a verdict?
+        spec.scorer.preflight(spec)  # model folders, extras: before the split loads
     cfg = _config(args)
     settings = list(dict.fromkeys(args.setting or ("question", "profile")))
     results = evaluate(

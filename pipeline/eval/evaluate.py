@@ -1,4 +1,7 @@
-"""Run scorers over a split and assemble their results (the engine behind ``prb eval``)."""
+"""Run scorers over a split and assemble their results (the engine behind ``prb eval``).
+
+Each scorer kind (``pipeline.eval.spec.SCORERS``) names its ``evaluator``, a function from a
+``Job`` to its ``Scored`` figures (``score_rm``, ``score_judge``)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import datetime as dt
 import platform
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,33 @@ from pipeline.eval.data import (
 from pipeline.eval.results import SCHEMA_VERSION, default_root, write_results
 from pipeline.eval.spec import ScorerSpec, check_prompt_settings
 from pipeline.prompts import load_template
+from pipeline.registry import load_target
+
+
+@dataclass(frozen=True)
+class Job:
+    """One scorer over a split: what its kind's ``evaluator`` is given."""
+
+    pairs: list[EvalPair]
+    settings: list[str]
+    spec: ScorerSpec
+    cfg: Any
+    folder: Path  # the scorer's result folder (a judge's request cache is kept there)
+    n_boot: int = metrics.N_BOOT
+    seed: int = metrics.SEED
+    progress: bool = True
+
+
+@dataclass
+class Scored:
+    """One scorer's figures over a split, as its kind's ``evaluator`` returns them."""
+
+    blocks: dict[str, Any]  # setting -> its label, role and metrics
+    outcomes: dict[str, list[str | None]]  # setting -> each pair's outcome
+    scores: list[dict[str, Any]]  # one row per pair and setting
+    info: dict[str, Any]  # the scorer's details, in results.json beside its spec
+    template: dict[str, Any]  # the provenance of the prompt it was shown
+    failed: int = 0  # requests that got no answer: the results are incomplete
 
 
 def _versions() -> dict[str, str]:
@@ -38,7 +69,7 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _setting_block(
+def setting_block(
     name: str,
     outcomes: list[str | None],
     pairs: list[EvalPair],
@@ -46,6 +77,7 @@ def _setting_block(
     seed: int,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """One setting's block of results.json from its outcomes (each kind's evaluator)."""
     s = SETTINGS[name]
     m = metrics.summary(outcomes, n_boot, seed)
     m["by"] = metrics.by_group(outcomes, [p.groups for p in pairs], n_boot, seed)
@@ -101,43 +133,96 @@ def _reference_order_mean(m: dict[str, Any]) -> None:
     pos["accuracy_reference_order_mean_of_categories"] = metrics.mean_of_rates(counts)
 
 
-def score_pointwise(
-    pairs: list[EvalPair], settings: list[str], spec: ScorerSpec, *, progress: bool = True
-) -> tuple[dict[str, list[tuple[float, float]]], dict[str, Any]]:
-    """(chosen score, rejected score) per pair for each setting, and the engine's details."""
-    from pipeline.eval.pointwise import VLLMScorer, crosscheck, load_scorer
+def score_rm(job: Job) -> Scored:
+    """A reward model's figures: each answer scored alone (all settings in one call, so the
+    length sort spans them), the higher score wins; with the engine's details."""
+    from pipeline.eval.pointwise import crosscheck, load_scorer
 
-    encoder, scorer = load_scorer(spec, progress=progress)
+    pairs, settings, spec = job.pairs, job.settings, job.spec
+    encoder, scorer = load_scorer(spec, progress=job.progress)
     try:
         convs = []
         for s in settings:
             for p in pairs:
                 u = user_turn(p, s)
                 convs += [(u, p.chosen), (u, p.rejected)]
-        # One call for every setting: the length sort then spans all of them.
         ids = encoder.encode(convs)
         flat = scorer.score_ids(ids)
         info: dict[str, Any] = {
             **scorer.info(),
             "model_path": str(encoder.path),
-            "num_labels": getattr(scorer, "num_labels", None),
+            "num_labels": scorer.num_labels,
             "max_length": encoder.max_length,
             "truncated_inputs": encoder.truncated,
             "special_tokens": encoder.special_tokens,
             "template": encoder.template,
         }
         n_check = min(spec.opt("crosscheck"), len(pairs))
-        if isinstance(scorer, VLLMScorer):
+        if scorer.engine_args is not None:
             info["engine_args"] = scorer.engine_args
-        if spec.opt("engine") == "vllm" and n_check:
+        if scorer.crosschecks and n_check:
             info["crosscheck"] = crosscheck(encoder, ids[: 2 * n_check], flat[: 2 * n_check], spec)
     finally:
         scorer.close()
-    out = {}
+    got = Scored({}, {}, [], info, load_template(POINTWISE_TEMPLATE).provenance())
+    blocks, outcomes, scores = got.blocks, got.outcomes, got.scores
     for k, s in enumerate(settings):
         base = 2 * len(pairs) * k
-        out[s] = [(flat[base + 2 * i], flat[base + 2 * i + 1]) for i in range(len(pairs))]
-    return out, info
+        pair_scores = [(flat[base + 2 * i], flat[base + 2 * i + 1]) for i in range(len(pairs))]
+        outcomes[s] = [metrics.pointwise_outcome(c, r) for c, r in pair_scores]
+        sc = [c for c, _ in pair_scores]
+        sr = [r for _, r in pair_scores]
+        extra: dict[str, Any] = {
+            "mean_chosen": round(sum(sc) / len(sc), 6),
+            "mean_rejected": round(sum(sr) / len(sr), 6),
+            "mean_margin": round(sum(c - r for c, r in pair_scores) / len(sc), 6),
+        }
+        blocks[s] = setting_block(s, outcomes[s], pairs, job.n_boot, job.seed, extra)
+        for p, (c, r), o in zip(pairs, pair_scores, outcomes[s], strict=True):
+            scores.append({"pair": p.key, "setting": s, "chosen": c, "rejected": r, "outcome": o})
+    return got
+
+
+def score_judge(job: Job) -> Scored:
+    """An LLM judge's figures: each pair asked in both orders, with position figures."""
+    from pipeline.eval.pairwise import run_judge
+
+    pairs, settings, spec = job.pairs, job.settings, job.spec
+    judged, info = run_judge(pairs, settings, spec, job.cfg, job.folder, progress=job.progress)
+    template = (
+        {k: f.provenance() for k, f in spec.prompts.items()}
+        if spec.prompts
+        else load_template(PAIRWISE_TEMPLATE).provenance()
+    )
+    got = Scored({}, {}, [], info, template)
+    blocks, outcomes, scores = got.blocks, got.outcomes, got.scores
+    for s in settings:
+        j = judged[s]
+        ab = [j.letters[p.key]["AB"] for p in pairs]
+        ba = [j.letters[p.key]["BA"] for p in pairs]
+        outcomes[s] = [metrics.pairwise_outcome(a, b) for a, b in zip(ab, ba, strict=True)]
+        cats = _categories(pairs)
+        extra = {
+            "position": metrics.position_figures(ab, ba, subsets=cats),
+            "unparsed_verdicts": j.unparsed,
+            "failed_requests": j.transport_failed,
+        }
+        got.failed += j.transport_failed
+        blocks[s] = setting_block(s, outcomes[s], pairs, job.n_boot, job.seed, extra)
+        _category_positions(blocks[s]["metrics"]["by"], cats, ab, ba)
+        _reference_order_mean(blocks[s]["metrics"])
+        for p, o in zip(pairs, outcomes[s], strict=True):
+            scores.append(
+                {
+                    "pair": p.key,
+                    "setting": s,
+                    "verdicts": j.letters[p.key],
+                    "failures": j.reasons.get(p.key, {}),
+                    "rationales": j.rationales.get(p.key, {}),
+                    "outcome": o,
+                }
+            )
+    return got
 
 
 def evaluate_one(
@@ -159,58 +244,9 @@ def evaluate_one(
     start = time.perf_counter()
     judge_model = spec.target or cfg.judge.model or cfg.backend.model
     slug = spec.slug(judge_model)
-    blocks: dict[str, Any] = {}
-    outcomes: dict[str, list[str | None]] = {}
-    scores: list[dict[str, Any]] = []
-    transport_failed = 0
-    if spec.kind == "pointwise":
-        by_setting, info = score_pointwise(pairs, settings, spec, progress=progress)
-        template = load_template(POINTWISE_TEMPLATE)
-        for s in settings:
-            outcomes[s] = [metrics.pointwise_outcome(c, r) for c, r in by_setting[s]]
-            sc = [c for c, _ in by_setting[s]]
-            sr = [r for _, r in by_setting[s]]
-            extra: dict[str, Any] = {
-                "mean_chosen": round(sum(sc) / len(sc), 6),
-                "mean_rejected": round(sum(sr) / len(sr), 6),
-                "mean_margin": round(sum(c - r for c, r in by_setting[s]) / len(sc), 6),
-            }
-            blocks[s] = _setting_block(s, outcomes[s], pairs, n_boot, seed, extra)
-            for p, (c, r), o in zip(pairs, by_setting[s], outcomes[s], strict=True):
-                scores.append(
-                    {"pair": p.key, "setting": s, "chosen": c, "rejected": r, "outcome": o}
-                )
-    else:
-        from pipeline.eval.pairwise import run_judge
-
-        judged, info = run_judge(pairs, settings, spec, cfg, root / slug, progress=progress)
-        template = load_template(PAIRWISE_TEMPLATE)
-        for s in settings:
-            j = judged[s]
-            ab = [j.letters[p.key]["AB"] for p in pairs]
-            ba = [j.letters[p.key]["BA"] for p in pairs]
-            outcomes[s] = [metrics.pairwise_outcome(a, b) for a, b in zip(ab, ba, strict=True)]
-            cats = _categories(pairs)
-            extra = {
-                "position": metrics.position_figures(ab, ba, subsets=cats),
-                "unparsed_verdicts": j.unparsed,
-                "failed_requests": j.transport_failed,
-            }
-            transport_failed += j.transport_failed
-            blocks[s] = _setting_block(s, outcomes[s], pairs, n_boot, seed, extra)
-            _category_positions(blocks[s]["metrics"]["by"], cats, ab, ba)
-            _reference_order_mean(blocks[s]["metrics"])
-            for p, o in zip(pairs, outcomes[s], strict=True):
-                scores.append(
-                    {
-                        "pair": p.key,
-                        "setting": s,
-                        "verdicts": j.letters[p.key],
-                        "failures": j.reasons.get(p.key, {}),
-                        "rationales": j.rationales.get(p.key, {}),
-                        "outcome": o,
-                    }
-                )
+    job = Job(pairs, settings, spec, cfg, root / slug, n_boot, seed, progress)
+    got: Scored = load_target(spec.scorer.evaluator)(job)
+    outcomes = got.outcomes
     gain = None
     if "question" in outcomes and "profile" in outcomes:
         gain = metrics.paired_gain(outcomes["profile"], outcomes["question"], n_boot, seed)
@@ -223,7 +259,7 @@ def evaluate_one(
             "slug": slug,
             "name": spec.display_name(judge_model),
             "options": spec.options,
-            **info,
+            **got.info,
         },
         "split": split,
         "profile_selection": {
@@ -233,18 +269,16 @@ def evaluate_one(
             ),
             "pairs_with_profile": sum(p.has_profile for p in pairs),
         },
-        "template": {k: f.provenance() for k, f in spec.prompts.items()}
-        if spec.prompts
-        else template.provenance(),
+        "template": got.template,
         "bootstrap": {"resamples": n_boot, "seed": seed},
-        "settings": blocks,
+        "settings": got.blocks,
         "skipped_settings": skipped,
         "profile_gain": gain,
-        "incomplete": transport_failed > 0,
+        "incomplete": got.failed > 0,
         "seconds": round(time.perf_counter() - start, 2),
         "versions": _versions(),
     }
-    results["outputs"] = write_results(root, results, scores)
+    results["outputs"] = write_results(root, results, got.scores)
     return results
 
 

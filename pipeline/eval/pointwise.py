@@ -13,17 +13,20 @@ length (so a batch pads to lengths close to its own), right-padded with the atte
 With ``device_map=`` (``auto``, as the reference script loads models too big for one GPU)
 transformers places the model itself through accelerate, and inputs go to the device of its
 input embeddings (its first).
+
+Each engine is an ``RMEngine`` in ``ENGINES`` (``engine=NAME``): what it takes is in its class.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pipeline.errors import BackendError, InputError
 from pipeline.modelfiles import check_weights, load_errors
+from pipeline.registry import Registry
 
 EXTRA_HINT = "pip install 'personalized-rewardbench[eval]'"
 VLLM_HINT = "pip install 'personalized-rewardbench[vllm]' (needs a CUDA GPU)"
@@ -180,10 +183,49 @@ class Encoder:
         return ids
 
 
-class TransformersScorer:
+class RMEngine:
+    """A reward-model engine: loads the model and scores the ``Encoder``'s token ids.
+    Subclass it and register it in ``ENGINES``; what it takes is in its attributes."""
+
+    name: ClassVar[str] = ""
+    about: ClassVar[str] = ""  # one line for prb eval --scorer-help
+    takes: ClassVar[tuple[str, ...]] = ()  # the rm: options it is built with
+    args: ClassVar[str] = ""  # what NAME.KEY=VALUE options pass to ("": none taken)
+    crosschecks: ClassVar[bool] = False  # crosscheck=N scores N pairs again with transformers
+    engine_args: dict[str, Any] | None = None  # what it was built with, for results.json
+    num_labels: int | None = None
+
+    def __init__(self, encoder: Encoder, **options: Any) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, encoder: Encoder, spec: Any, *, progress: bool = True) -> RMEngine:
+        """The engine built with the spec's options it takes (and its NAME.KEY options)."""
+        options = {k: spec.opt(k) for k in cls.takes}
+        if cls.args:
+            options["engine_args"] = spec.engine_args
+        return cls(encoder, progress=progress, **options)
+
+    def score_ids(self, ids: Sequence[Sequence[int]]) -> list[float]:
+        raise NotImplementedError  # scores of token id lists, in input order
+
+    def info(self) -> dict[str, Any]:
+        raise NotImplementedError  # the engine's details, for results.json
+
+    def close(self) -> None:
+        """Let the model go."""
+
+
+ENGINES: Registry[type[RMEngine]] = Registry("reward-model engine", RMEngine, field="--scorer")
+
+
+@ENGINES.register("transformers")
+class TransformersScorer(RMEngine):
     """AutoModelForSequenceClassification on one device, length-sorted batches."""
 
-    engine = "transformers"
+    name = "transformers"
+    about = "AutoModelForSequenceClassification, in length-sorted batches"
+    takes = ("batch_size", "device", "dtype", "trust_remote_code", "reduce", "device_map")
 
     def __init__(
         self,
@@ -279,7 +321,7 @@ class TransformersScorer:
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "engine": self.engine,
+            "engine": self.name,
             "device": self.device,
             "dtype": self.dtype,
             "reduction": REDUCTION_LABELS[self.reduce],
@@ -294,12 +336,17 @@ class TransformersScorer:
         self.model = None
 
 
-class VLLMScorer:
+@ENGINES.register("vllm")
+class VLLMScorer(RMEngine):
     """vLLM's pooling runner on the same token ids: ``LLM(..., runner="pooling")`` and
     ``LLM.classify`` with the activation off, so it returns the head's raw logits and the
     score is reduced exactly as the transformers engine reduces it."""
 
-    engine = "vllm"
+    name = "vllm"
+    about = "vLLM's pooling runner on the same token ids (a CUDA GPU)"
+    takes = ("dtype", "trust_remote_code", "reduce")
+    args = "vllm.LLM(...)"
+    crosschecks = True
 
     def __init__(
         self,
@@ -346,7 +393,7 @@ class VLLMScorer:
 
     def info(self) -> dict[str, Any]:
         return {
-            "engine": self.engine,
+            "engine": self.name,
             "device": "cuda",
             "dtype": self.dtype,
             "reduction": REDUCTION_LABELS[self.reduce],
@@ -356,9 +403,7 @@ class VLLMScorer:
         self.llm = None
 
 
-def load_scorer(
-    spec: Any, *, progress: bool = True
-) -> tuple[Encoder, TransformersScorer | VLLMScorer]:
+def load_scorer(spec: Any, *, progress: bool = True) -> tuple[Encoder, RMEngine]:
     """The encoder and engine a ``rm:`` spec asks for."""
     path = Path(spec.target).expanduser()
     encoder = Encoder(
@@ -368,25 +413,7 @@ def load_scorer(
         template=spec.opt("template"),
         trust_remote_code=spec.opt("trust_remote_code"),
     )
-    if spec.opt("engine") == "vllm":
-        return encoder, VLLMScorer(
-            encoder,
-            dtype=spec.opt("dtype"),
-            trust_remote_code=spec.opt("trust_remote_code"),
-            engine_args=spec.vllm_args,
-            progress=progress,
-            reduce=spec.opt("reduce"),
-        )
-    return encoder, TransformersScorer(
-        encoder,
-        batch_size=spec.opt("batch_size"),
-        device=spec.opt("device"),
-        dtype=spec.opt("dtype"),
-        trust_remote_code=spec.opt("trust_remote_code"),
-        progress=progress,
-        reduce=spec.opt("reduce"),
-        device_map=spec.opt("device_map"),
-    )
+    return encoder, ENGINES.get(spec.opt("engine")).load(encoder, spec, progress=progress)
 
 
 def crosscheck(
@@ -394,20 +421,12 @@ def crosscheck(
     ids: Sequence[Sequence[int]],
     scores: Sequence[float],
     spec: Any,
-    make: Callable[..., TransformersScorer] = TransformersScorer,
+    make: type[TransformersScorer] = TransformersScorer,
 ) -> dict[str, Any]:
     """Score ``ids`` again with transformers and compare with ``scores`` (from vLLM): the
     largest absolute difference, and on how many (chosen, rejected) pairs, laid out as
     consecutive ids, the two engines pick the same answer."""
-    ref = make(
-        encoder,
-        batch_size=spec.opt("batch_size"),
-        device=spec.opt("device"),
-        dtype=spec.opt("dtype"),
-        trust_remote_code=spec.opt("trust_remote_code"),
-        progress=False,
-        reduce=spec.opt("reduce"),
-    )
+    ref = make.load(encoder, spec, progress=False)
     try:
         again = ref.score_ids(ids)
     finally:

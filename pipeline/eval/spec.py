@@ -4,25 +4,31 @@ one-line error naming ``--scorer`` and what to write instead.
 
 A judge's ``system_prompt=`` and ``user_prompt=`` files (the reference benchmark's style,
 ``pipeline.promptfiles``) are read and checked here too, so a missing file or a wrong
-placeholder stops the run before the split loads; their hashes name the result folder."""
+placeholder stops the run before the split loads; their hashes name the result folder.
+
+Each kind of scorer is a ``ScorerKind`` class registered in ``SCORERS`` under its prefix: a
+new kind is one registered class, and nothing here or in the CLI changes."""
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from pipeline.errors import InputError
+from pipeline.eval.pointwise import ENGINES, check_device_map, check_model_folder
+from pipeline.registry import Registry
 
-KINDS = {"rm": "pointwise", "judge": "pairwise"}
+Options = dict[str, tuple[type, Any, str]]
 
 # option -> (type, default, help); "vllm." options pass through to vllm.LLM(...) as they are.
-RM_OPTIONS: dict[str, tuple[type, Any, str]] = {
-    "engine": (str, "transformers", "transformers or vllm"),
+RM_OPTIONS: Options = {
+    "engine": (str, "transformers", "the engine that loads and scores the model (below)"),
     "batch_size": (int, 16, "sequences per forward pass (transformers)"),
     "max_length": (int, 0, "tokens kept per input, cut on the right (0: the model's limit)"),
     "device": (str, "", "cuda, cpu, cuda:1... (default: cuda when there is one)"),
@@ -42,7 +48,7 @@ RM_OPTIONS: dict[str, tuple[type, Any, str]] = {
                    "record how far the two engines differ"),
     "name": (str, "", "name on the leaderboard (default: the folder name)"),
 }  # fmt: skip
-JUDGE_OPTIONS: dict[str, tuple[type, Any, str]] = {
+JUDGE_OPTIONS: Options = {
     "format": (str, "json", "json: verdict under a JSON schema; text: a free-text 'Result: A' "
                "line, for judges without structured output"),
     "ties": (bool, False, "let the judge answer 'tie' as well as A or B"),
@@ -65,15 +71,6 @@ JUDGE_OPTIONS: dict[str, tuple[type, Any, str]] = {
 PROMPT_FILE_OPTIONS = ("system_prompt", "user_prompt")
 USER_PROMPT_NEEDS = ("question", "Response_A", "Response_B")
 USER_PROMPT_FILLS = ("profile", "rubric")  # each filled in its own setting, else empty
-_CHOICES = {
-    "engine": ("transformers", "vllm"),
-    "dtype": ("", "bfloat16", "float16", "float32"),
-    "template": ("chat", "pair"),
-    "format": ("json", "text"),
-    "reduce": ("exact", "reference"),
-    "parse": ("last", "first"),
-    "unparsed": ("fail", "a"),
-}
 # Judge options that are the config's sampling fields, bounded as those are.
 _SAMPLING_FIELDS = ("temperature", "max_tokens")
 # Options that change no figure: left out of the result folder's name.
@@ -82,28 +79,30 @@ _NOT_IN_SLUG = {"batch_size", "crosscheck", "name", "device", "device_map"}
 
 @dataclass(frozen=True)
 class ScorerSpec:
-    kind: str  # "pointwise" or "pairwise"
+    prefix: str  # the scorer kind's name in SCORERS: "rm", "judge"
     target: str  # model folder (rm) or model name (judge; "" = the config's model)
     options: dict[str, Any] = field(default_factory=dict)
-    vllm_args: dict[str, Any] = field(default_factory=dict)
+    # ENGINE.KEY=VALUE options, passed to the engine as they are (rm: vllm.KEY=VALUE)
+    engine_args: dict[str, Any] = field(default_factory=dict)
     text: str = ""
     # the judge's prompt files, read and checked (option name -> promptfiles.PromptFile)
     prompts: dict[str, Any] = field(default_factory=dict)
 
-    def opt(self, name: str) -> Any:
-        table = RM_OPTIONS if self.kind == "pointwise" else JUDGE_OPTIONS
-        return self.options.get(name, table[name][1])
+    @property
+    def scorer(self) -> type[ScorerKind]:
+        return SCORERS.get(self.prefix)
 
     @property
-    def prefix(self) -> str:
-        return "rm" if self.kind == "pointwise" else "judge"
+    def kind(self) -> str:  # pointwise or pairwise: the scorer's kind in results.json
+        return self.scorer.scoring
+
+    def opt(self, name: str) -> Any:
+        return self.options.get(name, self.scorer.options[name][1])
 
     def display_name(self, judge_model: str = "") -> str:
-        if self.opt("name"):
-            return str(self.opt("name"))
-        if self.kind == "pointwise":
-            return Path(self.target).name or self.target
-        return self.target or judge_model
+        if self.options.get("name"):
+            return str(self.options["name"])
+        return self.scorer.display_name(self.target, judge_model)
 
     def slug(self, judge_model: str = "") -> str:
         """The result folder's name: kind, model and every option that changes a figure (a
@@ -119,7 +118,130 @@ class ScorerSpec:
         return re.sub(r"[^a-z0-9._=+-]+", "-", slug).strip("-.") or self.prefix
 
 
-def _coerce(spec: str, key: str, raw: str, typ: type) -> Any:
+class ScorerKind:
+    """A kind of scorer, registered in ``SCORERS`` under its spec's prefix (``rm``, ``judge``):
+    parse_spec, ``--scorer-help`` and prb eval find it there, and nowhere else."""
+
+    name: ClassVar[str] = ""
+    scoring: ClassVar[str] = ""  # pointwise or pairwise: the scorer's kind in results.json
+    usage: ClassVar[str] = ""  # what --scorer takes, e.g. rm:MODEL_FOLDER
+    options: ClassVar[Options] = {}
+    choices: ClassVar[dict[str, Collection[Any]]] = {}  # option -> the values it may take
+    # "module:function" scoring a split with it (as evaluate.score_rm), imported when it runs
+    evaluator: ClassVar[str] = ""
+
+    @classmethod
+    def passes(cls, key: str) -> bool:
+        """Whether ``key``, not one of its options, goes to its engine as it is (``vllm.*``)."""
+        return False
+
+    @classmethod
+    def check(cls, spec: ScorerSpec) -> ScorerSpec:
+        """Refuse options that cannot go together; the spec to keep (its files read)."""
+        return spec
+
+    @classmethod
+    def preflight(cls, spec: ScorerSpec) -> None:
+        """What prb eval checks before the split loads (a model folder, an extra)."""
+
+    @classmethod
+    def display_name(cls, target: str, judge_model: str = "") -> str:
+        return target or judge_model
+
+    @classmethod
+    def help(cls) -> list[str]:
+        rows = [f"  {k}={d!r}: {h}" for k, (_, d, h) in cls.options.items()]
+        return [f"{cls.name} options:", *rows]
+
+
+SCORERS: Registry[type[ScorerKind]] = Registry("scorer", ScorerKind, field="--scorer")
+
+
+@SCORERS.register("rm")
+class RewardModel(ScorerKind):
+    """``rm:PATH``: a reward model scores each answer alone (``pipeline.eval.pointwise``)."""
+
+    name, scoring, usage, options = "rm", "pointwise", "rm:MODEL_FOLDER", RM_OPTIONS
+    choices = {
+        "engine": ENGINES,
+        "dtype": ("", "bfloat16", "float16", "float32"),
+        "template": ("chat", "pair"),
+        "reduce": ("exact", "reference"),
+    }
+    evaluator = "pipeline.eval.evaluate:score_rm"
+
+    @classmethod
+    def passes(cls, key: str) -> bool:
+        engine, dot, _ = key.partition(".")
+        return bool(dot) and engine in ENGINES and bool(ENGINES.get(engine).args)
+
+    @classmethod
+    def check(cls, spec: ScorerSpec) -> ScorerSpec:
+        if not spec.target:
+            raise InputError("rm: needs a model folder, e.g. rm:/models/my-rm", path="--scorer")
+        engine = ENGINES.get(spec.opt("engine"))
+        for own in sorted({k.partition(".")[0] for k in spec.engine_args} - {engine.name}):
+            raise InputError(
+                f"{own}.* options need engine={own} in the same --scorer", path="--scorer"
+            )
+        other = "" if "device_map" in engine.takes else f"engine={engine.name}"
+        other = "device" if spec.opt("device") else other
+        if spec.opt("device_map") and other:
+            raise InputError(
+                f"option 'device_map' places a transformers model itself: leave out {other} "
+                "in the same --scorer",
+                path="--scorer",
+                field="device_map",
+            )
+        args = {k.partition(".")[2]: v for k, v in spec.engine_args.items()}
+        return replace(spec, engine_args=args)
+
+    @classmethod
+    def preflight(cls, spec: ScorerSpec) -> None:
+        check_model_folder(Path(spec.target).expanduser())
+        check_device_map(spec.opt("device_map"))
+
+    @classmethod
+    def display_name(cls, target: str, judge_model: str = "") -> str:
+        return Path(target).name or target
+
+    @classmethod
+    def help(cls) -> list[str]:
+        lines = [*super().help(), *(f"  engine={n}: {e.about}" for n, e in ENGINES.items())]
+        args = [(n, e.args) for n, e in ENGINES.items() if e.args]
+        return lines + [f"  {n}.KEY=VALUE: passed to {a} with engine={n}" for n, a in args]
+
+
+@SCORERS.register("judge")
+class LLMJudge(ScorerKind):
+    """``judge:MODEL``: an LLM judge through the configured backend, each pair asked in both
+    orders (``pipeline.eval.pairwise``)."""
+
+    name, scoring, usage, options = "judge", "pairwise", "judge:MODEL_NAME", JUDGE_OPTIONS
+    choices = {"format": ("json", "text"), "parse": ("last", "first"), "unparsed": ("fail", "a")}
+    evaluator = "pipeline.eval.evaluate:score_judge"
+
+    @classmethod
+    def check(cls, spec: ScorerSpec) -> ScorerSpec:
+        if "parse" in spec.options and spec.options.get("format") != "text":
+            raise InputError(
+                "option 'parse' reads free-text verdicts: it needs format=text in the same "
+                "--scorer",
+                path="--scorer",
+                field="parse",
+            )
+        return replace(spec, prompts=_read_prompt_files(spec.options))
+
+    @classmethod
+    def preflight(cls, spec: ScorerSpec) -> None:
+        if spec.opt("format") == "json":  # room for a verdict in max_tokens?
+            from pipeline.eval.pairwise import verdict_schema
+
+            verdict_schema(spec.opt("max_tokens"), spec.opt("ties"))
+
+
+def _coerce(kind: type[ScorerKind], spec: str, key: str, raw: str) -> Any:
+    typ = kind.options[key][0]
     if typ is str:
         value: Any = raw
     else:
@@ -135,11 +257,15 @@ def _coerce(spec: str, key: str, raw: str, typ: type) -> Any:
                 path="--scorer",
                 field=key,
             )
-    choices = _CHOICES.get(key)
-    if choices and value not in choices:
-        shown = ", ".join(c for c in choices if c)
+    allowed = kind.choices.get(key, ())
+    choices = [c for c in allowed if c]
+    if choices and value not in allowed:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f". Did you mean '{close[0]}'?" if close else ""
         raise InputError(
-            f"option '{key}' must be one of {shown}, got {raw!r}", path="--scorer", field=key
+            f"option '{key}' must be one of {', '.join(choices)}, got {raw!r}{hint}",
+            path="--scorer",
+            field=key,
         )
     if typ is int and value < 0:
         raise InputError(f"option '{key}' must be >= 0, got {raw!r}", path="--scorer", field=key)
@@ -168,19 +294,18 @@ def _check_sampling(key: str, raw: str, value: Any) -> None:
 
 
 def parse_spec(text: str) -> ScorerSpec:
-    """``rm:PATH[,k=v...]`` or ``judge:MODEL[,k=v...]``; raises InputError on any mistake."""
-    kind, sep, rest = text.partition(":")
-    if not sep or kind not in KINDS:
-        raise InputError(
-            f"expected rm:MODEL_FOLDER or judge:MODEL_NAME, got {text!r}", path="--scorer"
-        )
+    """``PREFIX:TARGET[,k=v...]`` of a kind in SCORERS (``rm:PATH``, ``judge:MODEL``);
+    raises InputError on any mistake."""
+    prefix, sep, rest = text.partition(":")
+    if not sep or prefix not in SCORERS:
+        usages = " or ".join(k.usage or f"{k.name}:TARGET" for k in SCORERS.values())
+        hint = f"; {SCORERS.unknown(prefix)}" if sep else ""
+        raise InputError(f"expected {usages}, got {text!r}{hint}", path="--scorer")
+    kind = SCORERS.get(prefix)
     target, *opts = rest.split(",")
-    target = target.strip()
-    if kind == "rm" and not target:
-        raise InputError("rm: needs a model folder, e.g. rm:/models/my-rm", path="--scorer")
-    table = RM_OPTIONS if kind == "rm" else JUDGE_OPTIONS
+    table = kind.options
     options: dict[str, Any] = {}
-    vllm_args: dict[str, Any] = {}
+    engine_args: dict[str, Any] = {}
     for opt in opts:
         key, eq, raw = opt.partition("=")
         key = key.strip()
@@ -189,41 +314,19 @@ def parse_spec(text: str) -> ScorerSpec:
                 f"option {opt!r} must be key=value (in {text!r}); known: {', '.join(table)}",
                 path="--scorer",
             )
-        if kind == "rm" and key.startswith("vllm."):
-            vllm_args[key[5:]] = yaml.safe_load(raw) if raw.strip() else ""
+        if kind.passes(key):
+            engine_args[key] = yaml.safe_load(raw) if raw.strip() else ""
             continue
         if key not in table:
             close = difflib.get_close_matches(key, list(table), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise InputError(
-                f"unknown option '{key}' for {kind}:{hint} (known: {', '.join(table)})",
+                f"unknown option '{key}' for {prefix}:{hint} (known: {', '.join(table)})",
                 path="--scorer",
                 field=key,
             )
-        options[key] = _coerce(text, key, raw.strip(), table[key][0])
-    if "parse" in options and options.get("format") != "text":
-        raise InputError(
-            "option 'parse' reads free-text verdicts: it needs format=text in the same --scorer",
-            path="--scorer",
-            field="parse",
-        )
-    if vllm_args and options.get("engine") != "vllm":
-        raise InputError("vllm.* options need engine=vllm in the same --scorer", path="--scorer")
-    if options.get("device_map"):
-        other = ""
-        if options.get("device"):
-            other = "device"
-        elif options.get("engine") == "vllm":
-            other = "engine=vllm"
-        if other:
-            raise InputError(
-                f"option 'device_map' places a transformers model itself: leave out {other} "
-                "in the same --scorer",
-                path="--scorer",
-                field="device_map",
-            )
-    prompts = _read_prompt_files(options) if kind == "judge" else {}
-    return ScorerSpec(KINDS[kind], target, options, vllm_args, text, prompts)
+        options[key] = _coerce(kind, text, key, raw.strip())
+    return kind.check(ScorerSpec(prefix, target.strip(), options, engine_args, text))
 
 
 def _read_prompt_files(options: dict[str, Any]) -> dict[str, Any]:
@@ -283,9 +386,5 @@ def check_prompt_settings(spec: ScorerSpec, settings: list[str]) -> None:
 
 
 def describe_options() -> str:
-    """The options of both kinds, for --help."""
-    lines = ["rm options:"]
-    lines += [f"  {k}={d!r}: {h}" for k, (_, d, h) in RM_OPTIONS.items()]
-    lines += ["  vllm.KEY=VALUE: passed to vllm.LLM(...) with engine=vllm", "judge options:"]
-    lines += [f"  {k}={d!r}: {h}" for k, (_, d, h) in JUDGE_OPTIONS.items()]
-    return "\n".join(lines)
+    """Every scorer kind's options, for prb eval --scorer-help."""
+    return "\n".join(line for kind in SCORERS.values() for line in kind.help())

@@ -9,10 +9,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pipeline.backends import BACKENDS
+from pipeline.backends.identity import is_standin
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
 from pipeline.config import Config
+from pipeline.kinds.backend import BACKENDS
 
 DEFAULT_CHARS_PER_TOKEN = 4.0  # English text with the current BPE tokenizers
 # a slow tokenizer counts this many prompts of a stage exactly; the rest are counted by
@@ -148,7 +149,7 @@ def choose_counter(
 ) -> tuple[TokenCounter, list[str]]:
     """The best token count available here for ``model``, and notes on what was not."""
     notes: list[str] = []
-    if identity.get("kind") == "stand-in":
+    if is_standin(identity):
         return WordCounter(), notes
     own, more = BACKENDS.get(config.backend.name).token_counter(
         config.backend, model, config.resolve_input

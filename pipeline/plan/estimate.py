@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeline.backends import BACKENDS
 from pipeline.backends.openai.dialects import Dialect, of_identity
 from pipeline.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
 from pipeline.config import Config
 from pipeline.errors import BackendError
+from pipeline.kinds.backend import BACKENDS
 from pipeline.plan.counters import TokenCounter, WordCounter, choose_counter
 from pipeline.plan.placeholders import NoCache, make_filler
 from pipeline.plan.result import Figures, Plan, StageEstimate
@@ -248,8 +248,8 @@ def estimate(
     """Plan the run ``config`` describes; writes nothing, sends no request. ``fresh``: as
     if nothing had run yet (no run directory, no cache): what the plan said before the run,
     which a finished stage's actual figures are compared with."""
+    from pipeline.kinds.stages import ORDER, STAGES
     from pipeline.orchestrate import check_contracts, plan_stages
-    from pipeline.stages import ORDER, STAGES
 
     t0 = time.perf_counter()
     names = plan_stages(until, only)

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.backends import BACKENDS
 from pipeline.budget import LLM_STAGES
 from pipeline.errors import PipelineError
+from pipeline.kinds.backend import BACKENDS
 from pipeline.stages.base import Context
 
 

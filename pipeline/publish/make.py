@@ -21,10 +21,10 @@ from pipeline.errors import PipelineError, RunDirError, StageError
 from pipeline.io import loads
 from pipeline.publish import folder, targets
 from pipeline.publish.card import DATA_FILE, config_name, data_file_digests, render_card
+from pipeline.publish.recorded import check_current
 from pipeline.publish.select import check_policy, select_pairs
 from pipeline.publish.summary import Tally, release_summary
 from pipeline.release.columns import BY_NAME, build_row, features, json_text
-from pipeline.release.recorded import check_current
 from pipeline.run import RunDir, StageDir
 from pipeline.run.layout import RELEASE_ALL, RELEASE_SUMMARY
 

@@ -1,6 +1,6 @@
 """Every figure a release reports: the card's figures, also written to ``release.json``,
 with what the release records about how it was made (the stages it was built from, the
-rules its pairs were filtered with, the profile ranking; :mod:`pipeline.release.recorded`)."""
+rules its pairs were filtered with, the profile ranking; :mod:`pipeline.publish.recorded`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.backends.identity import describe
+from pipeline.publish.recorded import built_from
 from pipeline.release.columns import json_text, sampling_of, templates_of
-from pipeline.release.recorded import built_from
 from pipeline.run import RunDir
 
 if TYPE_CHECKING:

@@ -78,6 +78,17 @@ class Rules:
     def cap(self) -> float:
         return word_cap_limit(self.word_cap, self.length_slack)
 
+    def thresholds(self) -> dict[str, Any]:
+        """Every threshold by its config name (a pattern list as its length), and the cap
+        they make: what a report says it checked with, read from here, never listed."""
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            if not name.startswith("_"):
+                value = getattr(self, name)
+                out[name] = len(value) if name.endswith("_patterns") else value
+        out["cap"] = round(self.cap, 2)
+        return out
+
     # ---- one answer --------------------------------------------------------------------
 
     @staticmethod

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import InputError, PipelineError, RunDirError
 from pipeline.io import path_kind, read_json, write_json_atomic, write_text_atomic
+from pipeline.kinds.stages import ORDER
 from pipeline.records import PAIR_RECORD_FIELDS, RecordProblem, check_pair_record
 from pipeline.run import layout
 from pipeline.run.lock import RunLock
 from pipeline.run.stage import StageDir, redo_hint
-from pipeline.stages import ORDER
 
 if TYPE_CHECKING:
     from pipeline.config import Config
@@ -316,12 +316,16 @@ class RunDir:
         return (self.release_dir / layout.RELEASE_ALL).is_dir()
 
 
-# run.yaml's top-level sections, in any version of prb (the config's sections today; prices
-# and budget were sections once)
-_CONFIG_SECTIONS = frozenset(
-    {"run", "input", "backend", "profile", "rubrics", "responses", "judge", "pairs",
-     "annotation", "prices", "budget"}
-)  # fmt: skip
+# run.yaml's sections that are no longer the config's (prices and budget were once)
+_OLD_SECTIONS = frozenset({"prices", "budget"})
+
+
+def _config_sections() -> frozenset[str]:
+    """run.yaml's top-level sections, in any version of prb: the config's own today (from
+    its model, never listed here), and the ones it once had."""
+    from pipeline.config import Config
+
+    return frozenset(Config.model_fields) | _OLD_SECTIONS
 
 
 def _not_prb_config(path: Path) -> str | None:
@@ -334,7 +338,8 @@ def _not_prb_config(path: Path) -> str | None:
         return f"{layout.RUN_CONFIG} is not YAML prb wrote"
     if not isinstance(data, dict):
         return f"{layout.RUN_CONFIG} is not a prb config (not a mapping of sections)"
-    other = sorted(str(k) for k in data if k not in _CONFIG_SECTIONS)
+    sections = _config_sections()
+    other = sorted(str(k) for k in data if k not in sections)
     if other:
         return f"{layout.RUN_CONFIG} is not a prb config ({other[0]!r} is not one of its sections)"
     if not all(isinstance(data.get(k), dict) for k in ("run", "backend")):

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from pipeline.backends.base import Backend
 from pipeline.cache import RequestCache
 from pipeline.chat import ChatRequest
 from pipeline.config import Config
 from pipeline.errors import StageError
+from pipeline.kinds.backend import Backend
+from pipeline.kinds.stages import ORDER
 from pipeline.llm import LLMRunner
 from pipeline.run import RunDir, ShardIndex, StageDir
-from pipeline.sourcehash import source_hashes
-from pipeline.stages import ORDER
+from pipeline.sourcehash import code_closure, source_hashes
 
 
 class UndeclaredRead(StageError, KeyError):
@@ -249,6 +250,25 @@ class Placeholders(Protocol):
         ...
 
 
+# Where the code that decides rows lives, below the stages: the rules, the record layout,
+# schemas and prompt rendering, profile ranking, the input readers.
+ROW_CODE: tuple[str, ...] = (
+    "pipeline.rules", "pipeline.records", "pipeline.schemas", "pipeline.prompts",
+    "pipeline.promptfiles", "pipeline.profile", "pipeline.dedup", "pipeline.filters",
+    "pipeline.fields", "pipeline.ids", "pipeline.ingest", "pipeline.inputs",
+)  # fmt: skip
+
+
+def _decides_rows(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in ROW_CODE)
+
+
+@functools.lru_cache(maxsize=32)
+def stage_code(module: str) -> tuple[str, ...]:
+    """A stage module and the :data:`ROW_CODE` modules its rows come from."""
+    return code_closure(module, _decides_rows)
+
+
 class Stage(abc.ABC):
     """One job: read the previous stage's rows, write this stage's folder."""
 
@@ -264,11 +284,16 @@ class Stage(abc.ABC):
     # False: a stage cut short is re-done from its start (no LLM calls, cheap) instead of
     # resumed from its shards
     resumable: ClassVar[bool] = True
-    # The modules whose code decides this stage's rows (the stage's own module, the rules,
-    # the record layout, prompt rendering...). Their source, normalised so that comments,
-    # docstrings and formatting do not count (pipeline/sourcehash.py), joins the stage's
-    # fingerprint: editing one re-does the stage, and the re-do message names the module.
-    code: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def code(self) -> tuple[str, ...]:
+        """The modules whose code decides this stage's rows: its own module and every module
+        of :data:`ROW_CODE` it imports (lazily too, and the input formats a registry names),
+        followed through their imports; derived, never listed by hand. Their source,
+        normalised so that comments, docstrings and formatting do not count
+        (pipeline/sourcehash.py), joins the stage's fingerprint: editing one re-does the
+        stage, and the re-do message names the module."""
+        return stage_code(type(self).__module__)
 
     @property
     def requires(self) -> tuple[str, ...]:
@@ -366,8 +391,8 @@ def resolve_identity(ctx: Context) -> dict[str, Any]:
     reached, the identity this run recorded for the same backend settings is assumed, with
     a warning: the answers the cache holds for it are served, and the first request it does
     not hold fails at the server."""
-    from pipeline.backends import BACKENDS
     from pipeline.errors import BackendError, PipelineError
+    from pipeline.kinds.backend import BACKENDS
 
     cfg = ctx.config
     b = cfg.backend

@@ -45,10 +45,6 @@ def _file_digest(path: Path) -> str:
 
 class IngestStage(Stage):
     name = "ingest"
-    code = (
-        "pipeline.stages.ingest", "pipeline.ingest", "pipeline.profile", "pipeline.fields",
-        "pipeline.ids", "pipeline.inputs.base", "pipeline.inputs.jsonl", "pipeline.inputs.tables",
-    )  # fmt: skip
     writes = EXAMPLE_FIELDS
 
     def _inputs(self, ctx: Context) -> list[Path]:

@@ -58,8 +58,9 @@ SCHEMA_NAMES = {
 }
 JUDGE_FIELDS = frozenset({"example_id", "quality", "coverage", "pairwise"})
 # the kind of the judge's finished rows in the cache's derived table. A memo's key holds
-# the code of the judge's modules (``JudgeStage.code``), so a change to how a row is made
-# or laid out misses the old memos by itself: no version to bump by hand
+# the code of the judge's modules (``JudgeStage.code``, derived from its imports), so a
+# change to how a row is made or laid out misses the old memos by itself: no version to
+# bump by hand
 MEMO_KIND = "judge_row/1"
 
 
@@ -78,10 +79,6 @@ class _Judged:
 
 class JudgeStage(Stage):
     name = "judge"
-    code = (
-        "pipeline.stages.judge", "pipeline.prompts", "pipeline.schemas",
-        "pipeline.rules.verdicts", "pipeline.fields", "pipeline.ids",
-    )  # fmt: skip
     reads = {
         "ingest": frozenset({"example_id", "question"}),
         "rubrics": frozenset({"example_id", "items"}),

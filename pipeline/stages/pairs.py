@@ -61,11 +61,6 @@ def pick(passing: list[tuple[float, str]]) -> int:
 
 class PairStage(Stage):
     name = "pairs"
-    code = (
-        "pipeline.stages.pairs", "pipeline.filters", "pipeline.rules.pair", "pipeline.rules.text",
-        "pipeline.rules.regexgate", "pipeline.rules.patterns", "pipeline.rules.verdicts",
-        "pipeline.records", "pipeline.dedup", "pipeline.fields", "pipeline.ids",
-    )  # fmt: skip
     reads = {
         "ingest": frozenset(
             {"example_id", "source_id", "user_id", "question", "category", "narrative",

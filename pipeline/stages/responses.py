@@ -290,10 +290,6 @@ class _Example:
 
 class ResponseStage(Stage):
     name = "responses"
-    code = (
-        "pipeline.stages.responses", "pipeline.prompts", "pipeline.records",
-        "pipeline.rules.text", "pipeline.fields", "pipeline.ids",
-    )  # fmt: skip
     reads = {
         "ingest": frozenset(
             {"example_id", "user_id", "question", "category", "profile", "profile_view"}

@@ -115,10 +115,6 @@ def _append(rows: list[dict], rejects: list[dict], row: dict | None, rej: dict |
 
 class RubricStage(Stage):
     name = "rubrics"
-    code = (
-        "pipeline.stages.rubrics", "pipeline.prompts", "pipeline.schemas", "pipeline.records",
-        "pipeline.fields", "pipeline.ids",
-    )  # fmt: skip
     # what this stage reads of each example (checked against what ingest writes)
     reads = {
         "ingest": frozenset(

@@ -37,7 +37,6 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from pipeline.backends.base import Backend, RequestFeed, Resolve
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
 from pipeline.backends.openai import dialects
 from pipeline.backends.openai.ratelimit import (
@@ -57,13 +56,14 @@ from pipeline.backends.openai.wire import (
     refusal_of,
     retry_after_seconds,
 )
-from pipeline.backends.settings import OpenAISettings
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.kinds.backend import Backend, RequestFeed, Resolve, TokenCount
+from pipeline.kinds.settings import OpenAISettings
 from pipeline.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import BackendSection
+    from pipeline.kinds.settings import BackendSection
 
 # The permit of the attempt a task is sending, for the response hook that reads the
 # rate-limit headers (the hook runs in the task that sent the request).
@@ -368,6 +368,21 @@ class OpenAIBackend(Backend):
     @classmethod
     def batch_priced(cls, cfg: BackendSection) -> bool:
         return cfg.openai.batch
+
+    @classmethod
+    def token_counter(
+        cls, cfg: BackendSection, model: str, resolve: Resolve | None = None
+    ) -> tuple[TokenCount | None, list[str]]:
+        """A model named by its .gguf file, as a server such as llama.cpp's may be asked
+        for it, is counted with the file's own tokenizer (pipeline/backends/gguf.py)."""
+        if model.endswith(".gguf"):
+            path = Path(model).expanduser()
+            path = (resolve(path) if resolve else path) or path
+            if path.is_file():
+                from pipeline.backends.gguf import gguf_counter_notes
+
+                return gguf_counter_notes(path)
+        return None, []
 
     @classmethod
     def asked(cls, cfg: BackendSection) -> dict[str, Any]:

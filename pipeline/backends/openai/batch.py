@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import openai
 from tenacity import AsyncRetrying
 
-from pipeline.backends.base import RequestFeed
 from pipeline.backends.openai.lines import Parsed, read_results, request_line
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
 from pipeline.io import read_json, write_json_atomic
+from pipeline.kinds.backend import RequestFeed
 
 if TYPE_CHECKING:
     from pipeline.backends.openai.backend import OpenAIBackend

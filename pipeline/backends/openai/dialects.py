@@ -39,13 +39,18 @@ from typing import TYPE_CHECKING, Any
 from pipeline.backends.openai.wire import error_text, refused_feature, short_message
 from pipeline.chat import ChatRequest, ChatResult
 from pipeline.errors import BackendError, ConfigError
+from pipeline.kinds.dialect import (
+    DIALECTS,
+    SETTING,
+    StructuredOutput,
+    next_in_probe,
+    probe_order,
+    prompt_only,
+)
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import OpenAISettings
+    from pipeline.kinds.settings import OpenAISettings
 
-SETTING = "backend.openai.structured_output"
-# the fallbacks auto steps through, most faithful first
-STRUCTURED = ("json_schema", "json_schema_strict", "json_object_schema", "json_object", "none")
 # bumped when the probe changes what it can find: a run asks the server again
 PROBE_VERSION = 1
 
@@ -63,6 +68,98 @@ STRICT_UNSUPPORTED = frozenset(
         "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
     }
 )  # fmt: skip
+
+
+# ---- the dialects (pipeline/kinds/dialect.py: what one is; DIALECTS names them) ---------
+
+
+class JsonSchema(StructuredOutput):
+    """The schema in ``response_format`` (a hint to OpenAI, a grammar to vLLM)."""
+
+    probe_rank = 10
+    enforced = sends_schema = True
+    summary = "the schema in response_format"
+
+    @classmethod
+    def apply(cls, req: ChatRequest, body: dict[str, Any], schema_name: str) -> None:
+        return  # the request's own body
+
+    @classmethod
+    def note(cls, req: ChatRequest) -> str:
+        return ""
+
+
+class JsonSchemaStrict(StructuredOutput):
+    """OpenAI's strict mode: the keywords it refuses move from the schema to the prompt."""
+
+    probe_rank = 20
+    enforced = sends_schema = True
+    summary = "OpenAI's strict mode"
+
+    @classmethod
+    def apply(cls, req: ChatRequest, body: dict[str, Any], schema_name: str) -> None:
+        schema = strict_schema(req.json_schema or {})[0]
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": schema_name, "strict": True, "schema": schema},
+        }
+
+    @classmethod
+    def note(cls, req: ChatRequest) -> str:
+        moved = strict_schema(req.json_schema or {})[1]
+        if not moved:
+            return ""
+        return (
+            "Besides the JSON schema given with this request, the JSON object must keep to "
+            "these limits:\n" + "\n".join(f"- {m}" for m in moved)
+        )
+
+
+class JsonObjectSchema(StructuredOutput):
+    """``json_object`` with the schema beside it (llama-cpp-python's server)."""
+
+    probe_rank = 30
+    sends_schema = True
+    summary = "json_object with the schema beside it: llama-cpp-python"
+
+    @classmethod
+    def apply(cls, req: ChatRequest, body: dict[str, Any], schema_name: str) -> None:
+        body["response_format"] = {"type": "json_object", "schema": req.json_schema or {}}
+
+    @classmethod
+    def note(cls, req: ChatRequest) -> str:
+        return schema_statement(req.json_schema or {})
+
+
+class JsonObject(StructuredOutput):
+    """``json_object`` only; the schema is stated in the prompt."""
+
+    probe_rank = 40
+    summary = "json_object, the schema in the prompt"
+
+    @classmethod
+    def apply(cls, req: ChatRequest, body: dict[str, Any], schema_name: str) -> None:
+        body["response_format"] = {"type": "json_object"}
+
+    @classmethod
+    def note(cls, req: ChatRequest) -> str:
+        return schema_statement(req.json_schema or {})
+
+
+class PromptOnly(StructuredOutput):
+    """No ``response_format`` at all: the schema stated in the prompt only (the last
+    resort, for a server that refuses or ignores every other)."""
+
+    probe_rank = 50
+    summary = "the schema stated in the prompt only"
+
+    @classmethod
+    def apply(cls, req: ChatRequest, body: dict[str, Any], schema_name: str) -> None:
+        body.pop("response_format", None)
+
+    @classmethod
+    def note(cls, req: ChatRequest) -> str:
+        return schema_statement(req.json_schema or {})
 
 
 @dataclass(frozen=True)
@@ -90,7 +187,7 @@ class Dialect:
         except TypeError:
             return None
         ok = (
-            d.structured_output in STRUCTURED
+            d.structured_output in DIALECTS
             and d.max_tokens in ("max_tokens", "max_completion_tokens")
             and d.n in ("n", "split")
             and d.seed in ("seed", "dropped")
@@ -146,46 +243,23 @@ class Dialect:
             return [replace(one, n=1)] * req.n
         return [one]
 
+    @property
+    def kind(self) -> type[StructuredOutput]:
+        """This dialect's structured-output class (DIALECTS)."""
+        return DIALECTS.get(self.structured_output)
+
     def note_for_schema(self) -> bool:
-        """Whether a request with a schema may get text in its prompt: every kind but
-        json_schema (strict only where its schema has limits strict mode cannot carry)."""
-        return self.structured_output != "json_schema"
+        """Whether a request with a schema may get text in its prompt: every kind but one
+        the server is held to without a word (strict only where its schema has limits
+        strict mode cannot carry)."""
+        return self.kind is not JsonSchema
 
     def note(self, req: ChatRequest) -> str:
-        """What this dialect adds to the system message of a request with a schema: the
-        limits strict mode cannot carry, or the whole schema where the server is not held
-        to it; empty for json_schema."""
-        kind = self.structured_output
-        if kind == "json_schema":
-            return ""
-        schema = req.json_schema or {}
-        if kind == "json_schema_strict":
-            moved = strict_schema(schema)[1]
-            if not moved:
-                return ""
-            return (
-                "Besides the JSON schema given with this request, the JSON object must "
-                "keep to these limits:\n" + "\n".join(f"- {m}" for m in moved)
-            )
-        return schema_statement(schema)
+        """What this dialect adds to the system message of a request with a schema."""
+        return self.kind.note(req)
 
     def _structured(self, req: ChatRequest, body: dict[str, Any]) -> None:
-        schema = req.json_schema or {}
-        kind = self.structured_output
-        name = _schema_name(req.schema_name)
-        if kind == "json_schema":
-            return
-        if kind == "json_schema_strict":
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": name, "strict": True, "schema": strict_schema(schema)[0]},
-            }
-        elif kind == "json_object_schema":
-            body["response_format"] = {"type": "json_object", "schema": schema}
-        elif kind == "json_object":
-            body["response_format"] = {"type": "json_object"}
-        else:
-            body.pop("response_format", None)
+        self.kind.apply(req, body, _schema_name(req.schema_name))
         note = self.note(req)
         if note:
             body["messages"] = with_system_note(body["messages"], note)
@@ -195,10 +269,7 @@ class Dialect:
         """The answer as the runner validates it: where the server is not held to the
         schema, the JSON object is taken out of the text around it (prose, a code fence);
         text that holds none is left as it is, and the validator asks again."""
-        if req.json_schema is None or self.structured_output in (
-            "json_schema",
-            "json_schema_strict",
-        ):
+        if req.json_schema is None or self.kind.enforced:
             return result
         for c in result.choices:
             c.text = json_in_text(c.text)
@@ -369,7 +440,7 @@ def refusal_error(cfg: OpenAISettings, model: str, dialect: Dialect, exc: BaseEx
         "seed": "seed",
     }[feature]
     where = f"the server at {plain_url(cfg.base_url)} refused {what} for model {model}"
-    later = _next_structured(dialect.structured_output) or "none"
+    later = next_in_probe(dialect.structured_output) or prompt_only()
     if cfg.structured_output == "auto":
         forget(cfg, model, cache_path)
         todo = (
@@ -381,11 +452,6 @@ def refusal_error(cfg: OpenAISettings, model: str, dialect: Dialect, exc: BaseEx
     else:
         todo = f"set {SETTING} to auto: the run then finds what the server takes"
     return DialectRefused(f"{where} (HTTP {status}: {said}); {todo}")
-
-
-def _next_structured(kind: str) -> str | None:
-    i = STRUCTURED.index(kind) if kind in STRUCTURED else len(STRUCTURED)
-    return STRUCTURED[i + 1] if i + 1 < len(STRUCTURED) else None
 
 
 # ---- the probe -----------------------------------------------------------------------------
@@ -476,7 +542,7 @@ class Probed:
 
 def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
     """Ask the server, with :func:`probe_request`, what it takes, starting from ``first``
-    and following its refusals: structured output along :data:`STRUCTURED` (auto only),
+    and following its refusals: structured output in ``probe_rank`` order (auto only),
     ``max_completion_tokens`` for a refused ``max_tokens``, single requests for a refused
     or ignored ``n`` > 1, no seed for a refused one. An explicit structured output the
     server refuses is a ConfigError; a server that cannot say (down, another error) leaves
@@ -496,7 +562,7 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
                 if isinstance(c, dict)
             ]
             ignored = (
-                d.structured_output in STRUCTURED[:3]
+                DIALECTS.get(d.structured_output).sends_schema
                 and bool(texts)
                 and all(f == "stop" and isinstance(t, str) for t, f in texts)
                 and not any(_is_object(t.strip()) for t, _ in texts if isinstance(t, str))
@@ -506,7 +572,7 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
                 notes.append(f"n = 2 answered with {len(texts)} choice(s)")
             if ignored and auto:
                 notes.append(f"{d.structured_output} answered with free text")
-                d = replace(d, structured_output="none")
+                d = replace(d, structured_output=prompt_only())
                 continue
             break
         if status == 401 or status == 403:
@@ -523,7 +589,7 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
                 continue
             return Probed(first, f"could not find out what it takes ({said})", final=False)
         if feature == "structured_output":
-            nxt = _next_structured(d.structured_output)
+            nxt = next_in_probe(d.structured_output)
             if not auto:
                 raise ConfigError(
                     f"the server at {_url(cfg)} refuses structured output "
@@ -609,7 +675,7 @@ def _recorded(cache_path: Path | None, key: str) -> Dialect | None:
 def _fixed(cfg: OpenAISettings) -> Dialect:
     """The dialect before asking: the setting's structured output, today's parameters."""
     s = cfg.structured_output
-    return Dialect(structured_output="json_schema" if s == "auto" else s)
+    return Dialect(structured_output=probe_order()[0] if s == "auto" else s)
 
 
 def resolve(

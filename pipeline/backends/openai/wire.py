@@ -21,7 +21,7 @@ from pipeline.chat import ChatRequest, ChatResult, Choice
 from pipeline.errors import BackendError
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import OpenAISettings
+    from pipeline.kinds.settings import OpenAISettings
 
 _TRANSIENT_STATUS = {408, 409, 425, 429}
 

@@ -4,7 +4,7 @@ typed section per backend (``backend.openai``, ``backend.vllm``, ``backend.llama
 
 Below the config layer (pipeline/config/sections.py composes this section into ``Config``) and
 free of heavy imports: validating a config never imports an engine. Each backend's class
-names its section model (``Backend.settings``, pipeline/backends/base.py).
+names its section model (``Backend.settings``, pipeline/kinds/backend.py).
 
 Older configs held the openai and replay settings flat in ``backend`` (``backend.base_url``,
 ``backend.replay_cache``); they are still read, moved into their section
@@ -112,15 +112,11 @@ class OpenAISettings(Settings):
         description="Seconds the request queue must stay unchanged before a round of batches "
         "is submitted (the stage is still queueing requests until then).",
     )
-    structured_output: Literal[
-        "auto", "json_schema", "json_schema_strict", "json_object_schema", "json_object", "none"
-    ] = Field(
+    structured_output: str = Field(
         "auto",
         description="How JSON answers are asked for (docs/backends.md, 'Structured-output "
-        "dialects'): auto finds what the server accepts once per run; json_schema (the "
-        "schema in response_format), json_schema_strict (OpenAI's strict mode), "
-        "json_object_schema (json_object with the schema beside it: llama-cpp-python), "
-        "json_object, none (the schema stated in the prompt only).",
+        "dialects'): auto finds what the server accepts once per run, or a dialect:",
+        json_schema_extra={"registry": "pipeline.kinds.dialect:DIALECTS"},
     )
     # vLLM's default grammar engine (xgrammar) pays milliseconds a token for a string
     # maxLength; llama.cpp's grammar and llguidance do not (docs/structured-output.md)
@@ -145,6 +141,15 @@ class OpenAISettings(Settings):
     @classmethod
     def _http_url(cls, v: str) -> str:
         return check_http_url(v)
+
+    @field_validator("structured_output")
+    @classmethod
+    def _known_dialect(cls, v: str) -> str:
+        from pipeline.kinds.dialect import DIALECTS
+
+        if v != "auto" and v not in DIALECTS:
+            raise ValueError(DIALECTS.unknown(v).replace("Known: ", "Known: auto, "))
+        return v
 
 
 class VLLMSettings(Settings):
@@ -322,7 +327,9 @@ class BackendSection(Settings):
     """The ``backend`` section: what every backend shares, then one section per backend."""
 
     name: str = Field(
-        "openai", description="Backend: openai, vllm, llamacpp, ray, replay or batchfile."
+        "openai",
+        description="Backend, one of the registered ones:",
+        json_schema_extra={"registry": "pipeline.kinds.backend:BACKENDS"},
     )
     model: str = Field(
         "stand-in",
@@ -439,8 +446,8 @@ class BackendSection(Settings):
     @field_validator("name")
     @classmethod
     def _known_backend(cls, v: str) -> str:
-        from pipeline.backends import BACKENDS
         from pipeline.errors import ConfigError
+        from pipeline.kinds.backend import BACKENDS
 
         try:
             BACKENDS.check(v)

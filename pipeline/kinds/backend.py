@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.errors import BackendError
+from pipeline.registry import Registry
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import BackendSection, Settings
+    from pipeline.kinds.settings import BackendSection, Settings
 
 # places a path from the config against the config file's folder
 Resolve = Callable[[Path | None], Path | None]
@@ -88,7 +89,7 @@ class Backend(abc.ABC):
     """
 
     name: ClassVar[str] = "base"
-    # its settings section, backend.<name> (pipeline/backends/settings.py); None: none
+    # its settings section, backend.<name> (pipeline/kinds/settings.py); None: none
     settings: ClassVar[type[Settings] | None] = None
     # the pip extra it needs and a module that extra installs (None: nothing beyond the
     # package's own dependencies), and the install line to print when it is missing
@@ -223,15 +224,8 @@ class Backend(abc.ABC):
     ) -> tuple[TokenCount | None, list[str]]:
         """The model's own token count when this machine has its tokenizer (`prb plan`),
         and notes on why not; (None, notes): plan looks further (a local Hugging Face
-        tokenizer, then an estimate). Here: a model named by its .gguf file, as a server
-        such as llama.cpp's may be asked for it."""
-        if model.endswith(".gguf"):
-            path = Path(model).expanduser()
-            path = (resolve(path) if resolve else path) or path
-            if path.is_file():
-                from pipeline.backends.gguf import gguf_counter_notes
-
-                return gguf_counter_notes(path)
+        tokenizer, then an estimate). Here: none (a backend that knows its model's
+        tokenizer says so)."""
         return None, []
 
     @classmethod
@@ -244,3 +238,42 @@ class Backend(abc.ABC):
     def stage_model(cls, cfg: BackendSection, model: str | None = None) -> str:
         """The model a stage asks for: its own (``judge.model``), else backend.model."""
         return model or cfg.model
+
+
+# ---- the registry -----------------------------------------------------------------------
+# A backend is one class: registering it here, by its module path (imported on first use),
+# or with BACKENDS.register anywhere else, is all that adding one takes (docs/backends.md).
+
+
+class BackendRegistry(Registry[type[Backend]]):
+    """Name -> backend class (pipeline/registry.py's checks), plus what a run records of
+    every registered backend."""
+
+    def answers_new(self, name: str) -> bool:
+        """Whether backend ``name`` sends requests to a model (not a replay); True for a
+        name no longer registered (an older run's)."""
+        return name not in self or self.get(name).answers_new
+
+    def environment(self) -> dict[str, str]:
+        """Every registered backend's own facts for environment.json (the vLLM release
+        its backend was verified with)."""
+        out: dict[str, str] = {}
+        for name in self.names():
+            out.update(self.get(name).environment)
+        return out
+
+    def libraries(self) -> list[str]:
+        """Every registered backend's libraries, for a run's environment.json."""
+        out: list[str] = []
+        for name in self.names():
+            out += self.get(name).libraries
+        return list(dict.fromkeys(out))
+
+
+BACKENDS = BackendRegistry("backend", Backend, field="backend.name")
+BACKENDS.register("openai", "pipeline.backends.openai.backend:OpenAIBackend")
+BACKENDS.register("vllm", "pipeline.backends.vllm_backend:VLLMBackend")
+BACKENDS.register("llamacpp", "pipeline.backends.llamacpp_backend:LlamaCppBackend")
+BACKENDS.register("replay", "pipeline.backends.replay:ReplayBackend")
+BACKENDS.register("ray", "pipeline.backends.ray_backend:RayBackend")
+BACKENDS.register("batchfile", "pipeline.backends.batchfile:BatchFileBackend")

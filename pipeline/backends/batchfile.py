@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.base import Backend, Resolve
-from pipeline.batch.store import BatchState
+from pipeline.backends.batchstore import BatchState
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
+from pipeline.kinds.backend import Backend, Resolve
 from pipeline.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
-    from pipeline.backends.settings import BackendSection
+    from pipeline.kinds.settings import BackendSection
 
 NO_ANSWER = "no answer imported yet"
 
