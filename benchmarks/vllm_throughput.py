@@ -54,6 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,35 @@ def versions() -> dict[str, str | None]:
     return out
 
 
+def alternate(
+    runs: dict[str, list[dict[str, Any]]], repeats: int, measure: Callable[[str], dict[str, Any]]
+) -> None:
+    """Each variant of ``runs`` measured ``repeats`` times, the order reversed every other
+    repeat (so no variant always runs on a warmer engine), each run printed."""
+    variants = list(runs)
+    for rep in range(repeats):
+        for v in variants if rep % 2 == 0 else variants[::-1]:
+            runs[v].append(measure(v))
+            print(f"  repeat {rep + 1} {v}: {runs[v][-1]['seconds']:.2f} s", flush=True)
+
+
+def header(args: argparse.Namespace, first: Any, engine_seconds: float) -> dict[str, Any]:
+    """What every results file of this script says of the machine, the engine and the data."""
+    from pipeline.backends.vllm_backend import VERIFIED_VLLM_VERSION
+
+    return {
+        "smoke": args.smoke,
+        "device": device_name(),
+        "versions": versions(),
+        "verified_vllm_version": VERIFIED_VLLM_VERSION,
+        "model": args.model,
+        "load_format": args.load_format or "auto",
+        "engine": first.engine_kwargs,
+        "engine_load_seconds": round(engine_seconds, 1),
+        "data": SYNTHETIC_NOTE,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a local model folder (or a model name)")
@@ -351,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_smoke(args, requests=8, repeats=1, chunk_sizes="4", max_tokens=4, users=2)
     chunk_sizes = [int(c) for c in args.chunk_sizes.split(",") if c.strip()]
 
-    from pipeline.backends.vllm_backend import VERIFIED_VLLM_VERSION, VLLMBackend
+    from pipeline.backends.vllm_backend import VLLMBackend
 
     class IgnoreEosBackend(VLLMBackend):
         extra_sampling = {"ignore_eos": True}  # both paths generate max_tokens per sample
@@ -369,14 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     variants = ["raw", *(f"backend@{c}" for c in chunk_sizes)]
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="vllm-bench-") as tmp:
-        for rep in range(args.repeats):
-            for v in variants if rep % 2 == 0 else variants[::-1]:
-                if v == "raw":
-                    runs[v].append(measure_raw(first, requests))
-                else:
-                    chunk = int(v.split("@")[1])
-                    runs[v].append(measure_backend(backends[chunk], requests, Path(tmp)))
-                print(f"  repeat {rep + 1} {v}: {runs[v][-1]['seconds']:.2f} s", flush=True)
+
+        def measure(v: str) -> dict[str, Any]:
+            if v == "raw":
+                return measure_raw(first, requests)
+            return measure_backend(backends[int(v.split("@")[1])], requests, Path(tmp))
+
+        alternate(runs, args.repeats, measure)
 
     figures = {v: summarise(r, len(requests)) for v, r in runs.items()}
     raw = figures["raw"]
@@ -387,15 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt_tokens = raw["prompt_tokens"] / max(len(requests), 1)
     result = {
         "benchmark": "vllm_throughput",
-        "smoke": args.smoke,
-        "device": device_name(),
-        "versions": versions(),
-        "verified_vllm_version": VERIFIED_VLLM_VERSION,
-        "model": args.model,
-        "load_format": args.load_format or "auto",
-        "engine": first.engine_kwargs,
-        "engine_load_seconds": round(engine_seconds, 1),
-        "data": SYNTHETIC_NOTE,
+        **header(args, first, engine_seconds),
         "workload": {
             "requests": len(requests),
             "shape": "responses stage: chosen + avoid_all prompts per example (real templates)",
@@ -435,7 +456,7 @@ def judge_main(args: argparse.Namespace) -> int:
     """``--stage judge``: the judge's constrained requests against unconstrained ones."""
     from dataclasses import replace
 
-    from pipeline.backends.vllm_backend import VERIFIED_VLLM_VERSION, VLLMBackend
+    from pipeline.backends.vllm_backend import VLLMBackend
 
     class IgnoreEosBackend(VLLMBackend):
         extra_sampling = {"ignore_eos": True}
@@ -467,16 +488,16 @@ def judge_main(args: argparse.Namespace) -> int:
     variants = ["unconstrained_raw", "constrained_raw", *(f"backend@{c}" for c in chunk_sizes)]
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="vllm-judge-") as tmp:
-        for rep in range(args.repeats):
-            for v in variants if rep % 2 == 0 else variants[::-1]:
-                if v == "unconstrained_raw":
-                    runs[v].append(measure_raw(free_backend, free))
-                elif v == "constrained_raw":
-                    runs[v].append(measure_raw(first, requests))
-                else:
-                    chunk = int(v.split("@")[1])
-                    runs[v].append(measure_backend(backends[chunk], requests, Path(tmp), fulls))
-                print(f"  repeat {rep + 1} {v}: {runs[v][-1]['seconds']:.2f} s", flush=True)
+
+        def measure(v: str) -> dict[str, Any]:
+            if v == "unconstrained_raw":
+                return measure_raw(free_backend, free)
+            if v == "constrained_raw":
+                return measure_raw(first, requests)
+            chunk = int(v.split("@")[1])
+            return measure_backend(backends[chunk], requests, Path(tmp), fulls)
+
+        alternate(runs, args.repeats, measure)
 
     figures = {v: summarise(r, len(requests)) for v, r in runs.items()}
     free_rate = figures["unconstrained_raw"]["output_tokens_per_s"]
@@ -488,15 +509,7 @@ def judge_main(args: argparse.Namespace) -> int:
             figures[v]["read_up_to_a_cut"] = runs[v][0].get("read_up_to_a_cut")
     result: dict[str, Any] = {
         "benchmark": "vllm_throughput --stage judge",
-        "smoke": args.smoke,
-        "device": device_name(),
-        "versions": versions(),
-        "verified_vllm_version": VERIFIED_VLLM_VERSION,
-        "model": args.model,
-        "load_format": args.load_format or "auto",
-        "engine": first.engine_kwargs,
-        "engine_load_seconds": round(engine_seconds, 1),
-        "data": SYNTHETIC_NOTE,
+        **header(args, first, engine_seconds),
         "workload": {
             "requests": len(requests),
             "shape": "judge stage: per example quality and coverage (3 points) for two answers, "
