@@ -279,3 +279,19 @@ def test_importing_the_config_imports_no_reader_and_no_engine():
                          "pipeline.inputs.tables", "pipeline.run", "pipeline.llm"))
     ]  # fmt: skip
     assert heavy == []
+
+
+def test_the_shape_script_counts_what_this_test_reads():
+    """scripts/code_shape.py (the figures a restructuring's note quotes) reads the same
+    modules and the same lazy imports as the layer checks above."""
+    import importlib.util
+
+    script = PKG.parent / "scripts" / "code_shape.py"
+    spec = importlib.util.spec_from_file_location("code_shape", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    got = module.shape(PKG.parent)
+    assert got["modules"] == len(MODULES)
+    lazy = sum(1 for p in MODULES.values() for _, _, top in imports(p) if not top)
+    assert got["lazy_project_imports"] == lazy > 0
