@@ -28,14 +28,24 @@ Engines, each as the serving stack that uses it runs it:
   ``llama_sampler_init_grammar``, then per token ``llama_sampler_apply`` over the whole
   vocabulary and ``llama_sampler_accept``; where llama-cpp-python is installed.
 
+Per engine step (``--step-batch``, default 512, the vllm backend's ``max_num_seqs``): for
+vLLM's two engines, the host work of one decoding step of that many requests as vLLM
+0.26.0's scheduler does it (``engine_step``): each request's sampled token accepted in
+turn, then every mask filled by a thread pool of ``max(1, min(cpus // 2, 8))`` workers, 16
+requests a task. The batch mixes the judge's schemas as one example's requests do, in the
+form a run sends that engine (``schemas.for_engine``), each request at its own point of
+its answer; beside it the same batch under ``ANY_TEXT``, a grammar that allows any text
+(the GPU judge benchmark's ``any_text_raw``). Measured with one worker, vLLM's count on
+this machine and every core.
+
 Also (``--run-examples``, default 40): a real run of the pipeline, rubrics generated,
 against the stand-in server (tests/standin_server.py) on that many synthetic examples
 (benchmarks/scale.py's generator: labelled synthetic, not LaMP-QA), counting the distinct
 schemas it sent.
 
     python benchmarks/structured_output.py [--configs configs/sample.yaml,configs/reference.yaml]
-        [--engines xgrammar,llguidance,llamacpp] [--run-examples 40]
-        [--out benchmarks/results/structured_output.json] [--smoke]
+        [--engines xgrammar,llguidance,llamacpp] [--run-examples 40] [--step-batch 512]
+        [--step-steps 200] [--out benchmarks/results/structured_output.json] [--smoke]
 
 Writes the JSON (machine, versions, per schema and engine: compile seconds, mean and worst
 ms per token, tokens; the largest of each per engine and form; the targets) and prints a
@@ -69,6 +79,7 @@ import _smoke  # noqa: E402
 from pipeline import schemas  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.io import write_json_atomic  # noqa: E402
+from pipeline.kinds.settings import BackendSection, VLLMSettings  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "structured_output.json"
 ENGINES = ("xgrammar", "llguidance", "llamacpp")
@@ -177,13 +188,43 @@ class Vocab:
 
 class Engine:
     name = ""
+    # the name vLLM gives this engine (``structured_outputs_config.backend``), for the
+    # engines it runs: measured per engine step too, as its scheduler drives them
+    vllm_name: str | None = None
 
     def compile(self, schema: dict[str, Any]) -> Any:
         raise NotImplementedError
 
+    def compile_regex(self, pattern: str) -> Any:
+        raise NotImplementedError
+
+    def matcher(self, compiled: Any) -> Any:
+        raise NotImplementedError
+
+    def allocate(self, rows: int) -> Any:
+        """A token bitmask of ``rows`` rows, as the engine's serving stack allocates it."""
+        raise NotImplementedError
+
+    def fill(self, matcher: Any, mask: Any, row: int) -> None:
+        raise NotImplementedError
+
+    def accept(self, matcher: Any, token: int) -> bool:
+        raise NotImplementedError
+
+    def reset(self, matcher: Any) -> None:
+        raise NotImplementedError
+
     def walk(self, compiled: Any, ids: list[int]) -> list[float]:
         """Seconds of mask filling for each token, accepting the token after each."""
-        raise NotImplementedError
+        matcher, mask = self.matcher(compiled), self.allocate(1)
+        times = []
+        for tok in ids:
+            t = time.perf_counter()
+            self.fill(matcher, mask, 0)
+            times.append(time.perf_counter() - t)
+            if not self.accept(matcher, tok):
+                raise RuntimeError(f"{self.name} refused token {tok} of the schema's own answer")
+        return times
 
     def version(self) -> str | None:
         return None
@@ -191,6 +232,7 @@ class Engine:
 
 class XGrammar(Engine):
     name = "xgrammar"
+    vllm_name = "xgrammar"
 
     def __init__(self, vocab: Vocab) -> None:
         import xgrammar as xgr
@@ -212,21 +254,28 @@ class XGrammar(Engine):
     def compile(self, schema: dict[str, Any]) -> Any:
         return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=True)
 
-    def walk(self, compiled: Any, ids: list[int]) -> list[float]:
-        matcher = self.xgr.GrammarMatcher(compiled)
-        mask = self.xgr.allocate_token_bitmask(1, self.info.vocab_size)
-        times = []
-        for tok in ids:
-            t = time.perf_counter()
-            matcher.fill_next_token_bitmask(mask)
-            times.append(time.perf_counter() - t)
-            if not matcher.accept_token(tok):
-                raise RuntimeError(f"xgrammar refused token {tok} of the schema's own answer")
-        return times
+    def compile_regex(self, pattern: str) -> Any:
+        return self.compiler.compile_regex(pattern)
+
+    def matcher(self, compiled: Any) -> Any:
+        return self.xgr.GrammarMatcher(compiled)
+
+    def allocate(self, rows: int) -> Any:
+        return self.xgr.allocate_token_bitmask(rows, self.info.vocab_size)
+
+    def fill(self, matcher: Any, mask: Any, row: int) -> None:
+        matcher.fill_next_token_bitmask(mask, row)
+
+    def accept(self, matcher: Any, token: int) -> bool:
+        return bool(matcher.accept_token(token))
+
+    def reset(self, matcher: Any) -> None:
+        matcher.reset()
 
 
 class LLGuidance(Engine):
     name = "llguidance"
+    vllm_name = "guidance"
 
     def __init__(self, vocab: Vocab) -> None:
         import llguidance
@@ -248,22 +297,32 @@ class LLGuidance(Engine):
         grammar = self.ll.LLMatcher.grammar_from_json_schema(
             json.dumps(schema), defaults={"whitespace_flexible": True}
         )
-        matcher = self.ll.LLMatcher(self.tok, grammar)
-        if matcher.is_error():
-            raise RuntimeError(f"llguidance refused the schema: {matcher.get_error()}")
+        self.matcher(grammar)  # refuses a schema it cannot take
         return grammar
 
-    def walk(self, compiled: Any, ids: list[int]) -> list[float]:
+    def compile_regex(self, pattern: str) -> Any:
+        grammar = self.ll.LLMatcher.grammar_from_regex(pattern)
+        self.matcher(grammar)
+        return grammar
+
+    def matcher(self, compiled: Any) -> Any:
         matcher = self.ll.LLMatcher(self.tok, compiled)
-        mask = self.lln.allocate_token_bitmask(1, self.tok.vocab_size)
-        times = []
-        for tok in ids:
-            t = time.perf_counter()
-            self.lln.fill_next_token_bitmask(matcher, mask, 0)
-            times.append(time.perf_counter() - t)
-            if not matcher.consume_token(tok):
-                raise RuntimeError(f"llguidance refused token {tok}: {matcher.get_error()}")
-        return times
+        if matcher.is_error():
+            raise RuntimeError(f"llguidance refused the grammar: {matcher.get_error()}")
+        return matcher
+
+    def allocate(self, rows: int) -> Any:
+        return self.lln.allocate_token_bitmask(rows, self.tok.vocab_size)
+
+    def fill(self, matcher: Any, mask: Any, row: int) -> None:
+        self.lln.fill_next_token_bitmask(matcher, mask, row)
+
+    def accept(self, matcher: Any, token: int) -> bool:
+        # as vLLM's guidance backend advances it (consume_tokens, backend_guidance.py)
+        return bool(matcher.consume_tokens([token]))
+
+    def reset(self, matcher: Any) -> None:
+        matcher.reset()
 
 
 class LlamaCpp(Engine):
@@ -347,6 +406,163 @@ def measure(engine: Engine, schema: dict[str, Any], ids: list[int]) -> dict[str,
         "tokens": len(times),
         "fill_s_per_answer": round(sum(times), 4),
     }
+
+
+# vLLM 0.26.0's structured-output manager (vllm/v1/structured_output/__init__.py): over 128
+# requests in a batch, masks are filled by a thread pool of max(1, min(cpus // 2, 8))
+# workers, 16 requests a task; each request's sampled token is accepted one request after
+# another in the scheduler's update_from_output
+VLLM_PARALLEL_OVER, VLLM_FILL_TASK = 128, 16
+STEP_BATCH = VLLMSettings().max_num_seqs  # requests a step: the vllm backend's default
+STEP_STEPS = 200
+# a grammar that allows any text: what the GPU judge benchmark's any_text_raw variant sends
+# (benchmarks/vllm_throughput.py), so vLLM's structured-output path is measured with a
+# grammar that costs next to nothing
+ANY_TEXT = r"(.|\n)*"
+
+
+def vllm_fill_workers(cpus: int | None = None) -> int:
+    return max(1, min((cpus or os.cpu_count() or 1) // 2, 8))
+
+
+def judge_mix(config_path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The judge's schemas in the proportion of one example's requests (two answers'
+    quality and coverage, four pairwise verdicts), as the GPU judge benchmark sends them;
+    coverage at the sample's mean rubric size, 3 points."""
+    cfg = load_config(config_path)
+    m, cap = cfg.judge.sampling.max_tokens, cfg.judge.rationale_max_chars
+    quality = schemas.quality_schema(m, cap)
+    coverage = schemas.coverage_schema(3, m, cap)[0]
+    pairwise = schemas.pairwise_schema(m, cap)
+    return [("quality", quality), ("coverage (3 points)", coverage)] * 2 + [
+        ("pairwise", pairwise)
+    ] * 4
+
+
+def engine_step(
+    engine: Engine,
+    grammars: list[Any],
+    answers: list[list[int]],
+    batch: int,
+    steps: int,
+    workers: int,
+) -> dict[str, Any]:
+    """Host work of one decoding step of ``batch`` requests, as vLLM's scheduler does it:
+    each request's last token accepted in turn, then every mask filled (in a thread pool
+    of ``workers``, 16 requests a task, over 128 requests). Request ``k`` walks answer
+    ``k % len(answers)`` under grammar ``k % len(grammars)``, starting at a staggered
+    position so that the batch holds every part of an answer at once; a request whose
+    answer ends starts it again (a new request in its slot)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(answers) != len(grammars):
+        raise ValueError("one answer per grammar")
+    matchers, pos = [], []
+    for k in range(batch):
+        m = engine.matcher(grammars[k % len(grammars)])
+        ids = answers[k % len(answers)]
+        start = (k * 7) % len(ids)
+        for tok in ids[:start]:  # not timed: the request's earlier steps
+            if not engine.accept(m, tok):
+                raise RuntimeError(f"{engine.name} refused token {tok} of its own answer")
+        matchers.append(m)
+        pos.append(start)
+    mask = engine.allocate(batch)
+    rows = list(enumerate(matchers))
+    tasks = [rows[i : i + VLLM_FILL_TASK] for i in range(0, batch, VLLM_FILL_TASK)]
+
+    def fill_rows(part: list[tuple[int, Any]]) -> None:
+        for row, m in part:
+            engine.fill(m, mask, row)
+
+    accept_s = fill_s = 0.0
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for step in range(steps):
+            t0 = time.perf_counter()
+            if step:
+                for k, m in enumerate(matchers):
+                    ids = answers[k % len(answers)]
+                    if pos[k] == len(ids):
+                        engine.reset(m)
+                        pos[k] = 0
+                    if not engine.accept(m, ids[pos[k]]):
+                        raise RuntimeError(f"{engine.name} refused token {ids[pos[k]]}")
+                    pos[k] += 1
+            t1 = time.perf_counter()
+            if batch > VLLM_PARALLEL_OVER:
+                for f in [pool.submit(fill_rows, t) for t in tasks]:
+                    f.result()
+            else:
+                fill_rows(rows)
+            t2 = time.perf_counter()
+            accept_s, fill_s = accept_s + t1 - t0, fill_s + t2 - t1
+    accept_step, fill_step = accept_s / max(steps - 1, 1), fill_s / steps  # none at step 0
+    per_step = accept_step + fill_step
+    return {
+        "batch": batch,
+        "steps": steps,
+        "fill_workers": workers if batch > VLLM_PARALLEL_OVER else 1,
+        "fill_tasks_in_pool": batch > VLLM_PARALLEL_OVER,
+        "accept_ms_per_step": round(1000 * accept_step, 3),
+        "fill_ms_per_step": round(1000 * fill_step, 3),
+        "host_ms_per_step": round(1000 * per_step, 3),
+        "us_per_request_step": round(1e6 * per_step / batch, 2),
+    }
+
+
+def measure_steps(
+    engines: dict[str, Engine], vocab: Vocab, config_path: Path, batch: int, steps: int
+) -> dict[str, Any]:
+    """Per vLLM engine: the judge's schemas in the form a run's vllm backend sends that
+    engine, and the any-text grammar, at ``batch`` requests a step; the fill pool with one
+    worker, with vLLM's count on this machine and with every core (mask filling runs
+    outside the GIL where the figures fall with more workers)."""
+    from pipeline.backends.vllm_backend import engine_identity
+
+    mix = judge_mix(config_path)
+    answers = [
+        vocab.encode(json.dumps(longest_instance(full), separators=(",", ":"))) for _, full in mix
+    ]
+    free_text = vocab.encode((" ".join(WORDS) + "\n") * 8)
+    counts = sorted({1, vllm_fill_workers(), os.cpu_count() or 1})
+    out: dict[str, Any] = {
+        "config": str(config_path.relative_to(ROOT)),
+        "mix": [name for name, _ in mix],
+        "what": "host work of one decoding step as vLLM 0.26.0's scheduler does it: each "
+        "request's sampled token accepted in turn, then every request's mask filled (over "
+        f"{VLLM_PARALLEL_OVER} requests by a thread pool of max(1, min(cpus // 2, 8)) "
+        f"workers, {VLLM_FILL_TASK} requests a task); requests at staggered positions of "
+        "their answers (each string filled to its bound, as the per-schema figures walk)",
+        "vllm_fill_workers_here": vllm_fill_workers(),
+        "engines": {},
+    }
+    for name, engine in engines.items():
+        if engine.vllm_name is None:
+            continue
+        # the form a run's vllm backend sends under this engine (its identity decides)
+        cfg = BackendSection(
+            name="vllm", model="m", vllm={"structured_outputs_backend": engine.vllm_name}
+        )
+        sent = [schemas.for_engine(full, engine_identity(cfg, "vllm")) for _, full in mix]
+        figs: dict[str, Any] = {
+            "vllm_name": engine.vllm_name,
+            "bounded_strings_sent": sum(schemas.bounded_strings(x) for x in sent),
+        }
+        for label, grammars, walked in (
+            ("judge_schemas_as_sent", [engine.compile(x) for x in sent], answers),
+            ("any_text", [engine.compile_regex(ANY_TEXT)], [free_text]),
+        ):
+            figs[label] = {
+                str(w): engine_step(engine, grammars, walked, batch, steps, w) for w in counts
+            }
+            line = ", ".join(
+                f"{w} worker(s) {f['host_ms_per_step']:.2f} ms "
+                f"({f['accept_ms_per_step']:.2f} accept + {f['fill_ms_per_step']:.2f} fill)"
+                for w, f in figs[label].items()
+            )
+            print(f"engine step of {batch}, {name:>10} {label:>22}: {line}", flush=True)
+        out["engines"][name] = figs
+    return out
 
 
 def run_examples_count(n: int, work: Path) -> dict[str, Any]:
@@ -443,10 +659,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--max-sizes", type=int, default=None, help="coverage sizes up to this (default: all)"
     )
+    ap.add_argument(
+        "--step-batch",
+        type=int,
+        default=STEP_BATCH,
+        help="engine step: requests a step (0: skip; default the vllm backend's max_num_seqs)",
+    )
+    ap.add_argument("--step-steps", type=int, default=STEP_STEPS, help="engine step: steps")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     _smoke.add_flag(ap)
     args = ap.parse_args(argv)
-    _smoke.apply(args, configs="configs/sample.yaml", max_sizes=2, run_examples=8)
+    _smoke.apply(
+        args, configs="configs/sample.yaml", max_sizes=2, run_examples=8, step_batch=160,
+        step_steps=5,
+    )  # fmt: skip
     command = "python benchmarks/structured_output.py " + shlex.join(argv or sys.argv[1:])
 
     vocab = Vocab(smollm2_gguf())
@@ -499,6 +725,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
 
     summary = summarise(rows, list(engines))
+    step = None
+    if args.step_batch:
+        step = measure_steps(
+            engines, vocab, ROOT / args.configs.split(",")[0], args.step_batch, args.step_steps
+        )
     run40 = None
     if args.run_examples:
         with tempfile.TemporaryDirectory(prefix="so-run-") as tmp:
@@ -538,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "schemas": rows,
         "summary": summary,
+        "engine_step": step,
         "run": run40,
         "targets": targets,
     }

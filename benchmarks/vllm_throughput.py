@@ -31,8 +31,14 @@ with the stage's validators, re-asks off so the request count is fixed) and thro
 ``LLM.chat`` with the same schemas, against raw unconstrained ``LLM.chat`` on the same
 prompts with the same ``max_tokens`` and ``ignore_eos`` (no grammar at all): the
 constrained rate over the unconstrained one, in output tokens per second, is what the
-grammar engine costs. ``--bounded-requests K`` adds K requests with the full schemas
-(every rationale's ``maxLength``: what the stage sent before), measured last::
+grammar engine costs. That loss is split by a third raw variant, ``any_text_raw``: the
+unconstrained requests through vLLM's structured-output path with a grammar that allows
+any text (``structured_output.ANY_TEXT``, next to nothing to compute), so what vLLM's path
+costs by itself and what the judge's schemas add over it are each a ratio. (That grammar
+may end: a request whose model picks the end token there is ended by vLLM; every rate
+counts the tokens written.)
+``--bounded-requests K`` adds K requests with the full schemas (every rationale's
+``maxLength``: what the stage sent before), measured last::
 
     python benchmarks/vllm_throughput.py --stage judge --model /root/m7b --load-format dummy \
         [--requests 512] [--max-tokens 384] [--bounded-requests 48]
@@ -71,6 +77,9 @@ from pipeline.kinds.settings import VLLMSettings as VLLMSection  # noqa: E402
 from pipeline.llm import Answer, Job, LLMRunner  # noqa: E402
 from pipeline.prompts import load_template  # noqa: E402
 from pipeline.stages.responses import derive_seed  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from structured_output import ANY_TEXT  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "vllm_throughput.json"
 DEFAULT_JUDGE_OUT = ROOT / "benchmarks" / "results" / "vllm_judge.json"
@@ -461,6 +470,18 @@ def judge_main(args: argparse.Namespace) -> int:
     class IgnoreEosBackend(VLLMBackend):
         extra_sampling = {"ignore_eos": True}
 
+    class AnyTextBackend(VLLMBackend):
+        """Free requests through vLLM's structured-output path with a grammar that allows
+        any text (and costs next to nothing): what that path costs by itself."""
+
+        @property  # type: ignore[override]
+        def extra_sampling(self) -> dict[str, Any]:
+            # a fresh constraint for each request: vLLM writes its engine choice into it
+            return {
+                "ignore_eos": True,
+                "structured_outputs": self._StructuredOutputsParams(regex=ANY_TEXT),
+            }
+
     chunk_sizes = [int(c) for c in args.chunk_sizes.split(",") if c.strip()]
     # sent as a run sends them to this engine: the full schemas to llguidance, which
     # enforces string bounds cheaply, the wire form to xgrammar (schemas.for_engine)
@@ -477,21 +498,31 @@ def judge_main(args: argparse.Namespace) -> int:
     backends = {c: VLLMBackend(backend_config(args, c)) for c in chunk_sizes}
     first = backends[chunk_sizes[0]]
     free_backend = IgnoreEosBackend(backend_config(args, chunk_sizes[0]))
+    any_text_backend = AnyTextBackend(backend_config(args, chunk_sizes[0]))
     engine_seconds = time.perf_counter() - t0
-    assert all(b.llm is first.llm for b in [*backends.values(), free_backend])  # one engine
+    engines = [*backends.values(), free_backend, any_text_backend]
+    assert all(b.llm is first.llm for b in engines)  # one engine
 
-    # warm-up: the sampling kernels, and each distinct schema's grammar once
+    # warm-up: the sampling kernels, and each distinct grammar once
     measure_raw(free_backend, [replace(r, max_tokens=16) for r in free[:64]])
+    measure_raw(any_text_backend, [replace(r, max_tokens=16) for r in free[:64]])
     distinct = {json.dumps(r.json_schema, sort_keys=True): r for r in requests}
     measure_raw(first, [replace(r, max_tokens=16) for r in distinct.values()])
 
-    variants = ["unconstrained_raw", "constrained_raw", *(f"backend@{c}" for c in chunk_sizes)]
+    variants = [
+        "unconstrained_raw",
+        "any_text_raw",
+        "constrained_raw",
+        *(f"backend@{c}" for c in chunk_sizes),
+    ]
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="vllm-judge-") as tmp:
 
         def measure(v: str) -> dict[str, Any]:
             if v == "unconstrained_raw":
                 return measure_raw(free_backend, free)
+            if v == "any_text_raw":
+                return measure_raw(any_text_backend, free)
             if v == "constrained_raw":
                 return measure_raw(first, requests)
             chunk = int(v.split("@")[1])
@@ -507,6 +538,16 @@ def judge_main(args: argparse.Namespace) -> int:
         )
         if v.startswith("backend@"):
             figures[v]["read_up_to_a_cut"] = runs[v][0].get("read_up_to_a_cut")
+    any_rate = figures["any_text_raw"]["output_tokens_per_s"]
+    split = {
+        "what": "the constrained rate's loss, split: vLLM's structured-output path with a "
+        "grammar that allows any text (any_text_raw over unconstrained_raw), then the judge's "
+        "schemas over that grammar (constrained_raw over any_text_raw)",
+        "structured_output_path": round(any_rate / free_rate, 3),
+        "judge_schemas_over_any_text": round(
+            figures["constrained_raw"]["output_tokens_per_s"] / max(any_rate, 1e-9), 3
+        ),
+    }
     result: dict[str, Any] = {
         "benchmark": "vllm_throughput --stage judge",
         **header(args, first, engine_seconds),
@@ -521,9 +562,12 @@ def judge_main(args: argparse.Namespace) -> int:
             "max_tokens": args.max_tokens,
             "temperature": 0.0,
             "unconstrained": "the same prompts without a schema, ignore_eos",
+            "any_text": f"the same prompts without a schema, ignore_eos, the regex {ANY_TEXT!r} "
+            "as their structured output",
         },
         "repeats": args.repeats,
         "figures": figures,
+        "split": split,
         "target": "constrained output tokens/s >= 0.8 x unconstrained",
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
@@ -540,6 +584,9 @@ def judge_main(args: argparse.Namespace) -> int:
             f"{v:<20}{f['seconds_median']:>10.2f}{f['requests_per_s']:>10.1f}"
             f"{f['output_tokens_per_s']:>12.0f}{ratio:>9.3f}"
         )
+    print(f"split: vLLM's structured-output path {split['structured_output_path']:.3f} of "
+          f"unconstrained; the judge's schemas {split['judge_schemas_over_any_text']:.3f} of "
+          f"the any-text grammar", flush=True)  # fmt: skip
     print(f"wrote {args.out}", flush=True)
 
     if args.bounded_requests:

@@ -9,8 +9,10 @@
 #      engine start (target: under 90 s)
 #   2. the judge benchmark (benchmarks/vllm_throughput.py --stage judge) on the 7B-shaped
 #      random-weight model: the judge's schema requests against unconstrained LLM.chat on
-#      the same prompts (target: constrained output tokens/s >= 0.8 x unconstrained), then
-#      a few requests with the bounded schemas the judge sent before
+#      the same prompts (target: constrained output tokens/s >= 0.8 x unconstrained), and
+#      the same free requests under a grammar that allows any text (what vLLM's
+#      structured-output path costs by itself), each twice, the median kept; then a few
+#      requests with the bounded schemas the judge sent before
 #   3. the sample again with rubrics generated (the rubric schema too)
 #   4. the reference's size: 2,830 synthetic examples (benchmarks/scale.py's generator,
 #      labelled synthetic; avoid_all as the reference, n=2) on the 7B-shaped model, stopped
@@ -34,9 +36,9 @@ MODEL=${MODEL:-/root/smol}
 GGUF=${GGUF:-/root/stage/x/SmolLM2-135M-Instruct.Q4_1.gguf}
 DUMMY=${DUMMY_MODEL:-/root/m7b}
 KIT=${KIT:-.gpu/kit}
-T_SAMPLE=${T_SAMPLE:-120}
-T_JUDGE=${T_JUDGE:-150}
-T_GENERATED=${T_GENERATED:-100}
+T_SAMPLE=${T_SAMPLE:-110}
+T_JUDGE=${T_JUDGE:-190}
+T_GENERATED=${T_GENERATED:-80}
 T_REF=${T_REF:-90}
 REF_EXAMPLES=${REF_EXAMPLES:-2830}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
@@ -57,6 +59,10 @@ step() {  # step NAME LIMIT_S COMMAND...: run it time-bounded, log it, note its 
   else
     echo "$name: exit $rc after $took s" | tee -a "$SUMMARY"
   fi
+  # where the time went: each engine's start (vLLM's own line), each stage's closing line,
+  # the judge benchmark's table and its split
+  grep -o -E "init engine \(profile, create kv cache, warmup model\) took [0-9.]+ s( \(compilation: [0-9.]+ s\))?|^\[[a-z_]+\] done: .*|^(unconstrained_raw|any_text_raw|constrained_raw|backend@[0-9]+) .*|^split: .*" \
+    "$OUT/$name.log" | sed 's/^/  /' >>"$SUMMARY"
   [ "$rc" = 0 ] || failed=1
   return 0
 }
@@ -77,7 +83,7 @@ if [ ! -f "$DUMMY/config.json" ]; then
   "$PY" "$KIT/make_dummy_7b.py" "$GGUF" "$DUMMY" 8 2>&1 | tail -n 2
 fi
 step judge_benchmark "$T_JUDGE" "$PY" benchmarks/vllm_throughput.py --stage judge \
-  --model "$DUMMY" --load-format dummy --requests 512 --max-tokens 384 --repeats 1 \
+  --model "$DUMMY" --load-format dummy --requests 512 --max-tokens 384 --repeats 2 \
   --chunk-sizes 4096 --bounded-requests 24 --max-model-len 4096 --out "$OUT/vllm_judge.json"
 
 # 3. the sample, rubrics generated

@@ -84,6 +84,17 @@ def _structured_output(r: dict[str, Any]) -> None:
                 assert figs["tokens"] == s["answer_tokens"] and figs["ms_per_token"] > 0
     assert r["run"]["distinct_schemas"] == sum(r["run"]["by_name"].values()) > 0
     assert set(r["summary"]) == {"xgrammar", "llguidance", "llamacpp"}
+    # the engine step: vLLM's two engines (llama.cpp is not one), each sent its form, at a
+    # batch over 128 so the fill pool runs as vLLM runs it
+    step = r["engine_step"]["engines"]
+    assert set(step) == {"xgrammar", "llguidance"}
+    assert step["xgrammar"]["bounded_strings_sent"] == 0
+    assert step["llguidance"]["bounded_strings_sent"] > 0
+    for figs in step.values():
+        for label in ("judge_schemas_as_sent", "any_text"):
+            assert "1" in figs[label]
+            for f in figs[label].values():
+                assert f["batch"] == 160 and f["fill_tasks_in_pool"] and f["host_ms_per_step"] > 0
 
 
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {

@@ -20,6 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
+ANY_TEXT = r"(.|\n)*"  # benchmarks/structured_output.py's, written out: the test reads it
 
 FAKE_VLLM = '''
 """A fake vllm (tests/test_gpu_scripts.py): answers from the stand-in's rule-based player."""
@@ -82,21 +83,24 @@ class LLM:
              max_tokens=sorted({p.max_tokens for p in sampling_params}),
              seeds=[p.seed for p in sampling_params], use_tqdm=use_tqdm,
              bounded=[None if p.structured_outputs is None
+                      or p.structured_outputs.json is None
                       else "maxLength" in json.dumps(p.structured_outputs.json)
-                      for p in sampling_params])
+                      for p in sampling_params],
+             regex=[None if p.structured_outputs is None else p.structured_outputs.regex
+                    for p in sampling_params])
         outs = []
         for conv, sp in zip(messages, sampling_params):
             body = {"model": "fake", "messages": conv, "seed": sp.seed,
                     "temperature": sp.temperature}
-            if sp.structured_outputs is not None:
-                schema = sp.structured_outputs.json
+            schema = None if sp.structured_outputs is None else sp.structured_outputs.json
+            if schema is not None:
                 body["response_format"] = {"type": "json_schema",
                                            "json_schema": {"name": "", "schema": schema}}
             completions = []
             for k in range(sp.n):
                 text = _PLAYER.answer(body, k)
                 if text is None:
-                    if sp.structured_outputs is not None:
+                    if schema is not None:
                         text = json.dumps(generate_from_schema(schema, _rng_for(body, k)))
                     else:
                         text = text_answer(_rng_for(body, k), conv)
@@ -115,8 +119,9 @@ from vllm import SamplingParams
 
 
 class StructuredOutputsParams:
-    def __init__(self, json=None, **kw):
-        self.json = json
+    def __init__(self, json=None, regex=None, **kw):
+        assert (json is None) != (regex is None), "one constraint a request"
+        self.json, self.regex = json, regex
 """
 
 
@@ -253,8 +258,20 @@ def test_judge_benchmark_compares_constrained_and_unconstrained(fake_env, tmp_pa
     # quality, coverage (3 points) and pairwise: three distinct schemas, one per kind
     assert result["workload"]["distinct_schemas"] == 3
     figures = result["figures"]
-    assert set(figures) == {"unconstrained_raw", "constrained_raw", "backend@7"}
+    assert set(figures) == {"unconstrained_raw", "any_text_raw", "constrained_raw", "backend@7"}
     assert figures["unconstrained_raw"]["output_tokens"] == 30 * 384  # ignore_eos
+    assert figures["any_text_raw"]["output_tokens"] == 30 * 384
+    split = result["split"]
+    assert split["structured_output_path"] == round(
+        figures["any_text_raw"]["output_tokens_per_s"]
+        / figures["unconstrained_raw"]["output_tokens_per_s"],
+        3,
+    )
+    assert split["judge_schemas_over_any_text"] == round(
+        figures["constrained_raw"]["output_tokens_per_s"]
+        / figures["any_text_raw"]["output_tokens_per_s"],
+        3,
+    )
     for name in ("constrained_raw", "backend@7"):
         f = figures[name]
         assert f["failed"] == 0 and f["tokens_per_s_vs_unconstrained"] > 0
@@ -268,6 +285,11 @@ def test_judge_benchmark_compares_constrained_and_unconstrained(fake_env, tmp_pa
     # and carry the sent form (no maxLength), but for the bounded requests measured last
     free = [c for c in chats if all(c["ignore_eos"])]
     assert free and all(b is None for c in free for b in c["bounded"])
+    # the any-text variant: free requests with the benchmark's one regex, and nothing else
+    any_text = [c for c in free if any(c["regex"])]
+    assert len(any_text) == 3  # warm-up, then once a repeat
+    assert {x for c in any_text for x in c["regex"]} == {ANY_TEXT}
+    assert all(x is None for c in chats if c not in any_text for x in c["regex"])
     sent = [c for c in chats if c["size"] == 30 and not any(c["ignore_eos"])]
     assert len(sent) == 2 and all(b is False for c in sent for b in c["bounded"])
     assert chats[-2]["size"] == 4 and all(chats[-2]["bounded"])  # bounded, then the same 4 sent
@@ -291,6 +313,9 @@ def test_gpu_check_runs_every_step_and_prints_the_rates(fake_env, tmp_path: Path
     # the reference-size step's stages, with their rates read back from its cache
     assert "responses (done): 80 answers" in summary  # 40 examples, chosen + avoid_all
     assert "judge (done):" in summary and "tokens/s" in summary
+    # where the time went, under each step: the stages' closing lines, the judge table, split
+    assert summary.count("  [responses] done:") == 3  # given, generated, the reference's size
+    assert "  any_text_raw " in summary and "  split: vLLM's structured-output path" in summary
     assert json.loads((out / "vllm_judge.json").read_text())["figures"]["backend@4096"]
     assert "source: generated" in (out / "generated" / "gpu_e2e" / "run.yaml").read_text()
     inits = [c for c in read_log(log) if c["event"] == "init"]
