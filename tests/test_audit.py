@@ -102,6 +102,24 @@ def test_balanced_set_passes(tmp_path):
     assert 0.35 < fig["length"]["share_chosen_longer"] < 0.65
 
 
+def test_probe_figures_depend_on_the_set_not_on_the_row_order(tmp_path):
+    # the folds and the side swaps are drawn by position: before the rows were put in one
+    # order, a shuffled file (or a release beside the run it came from, whose rows come in
+    # another order) moved the chance level enough to turn "flagged" into "too small"
+    rows = crafted(40, biased=False, seed=5)
+    ref = audit(write_jsonl(tmp_path / "r.jsonl", rows), tmp_path / "or")
+    for seed in (1, 2, 3):
+        shuffled = rows[:]
+        random.Random(seed).shuffle(shuffled)
+        got = audit(write_jsonl(tmp_path / f"s{seed}.jsonl", shuffled), tmp_path / f"o{seed}")
+        assert got["shortcut_probe"] == ref["shortcut_probe"]
+        assert got["verdict"] == ref["verdict"]
+    # ids do not decide the order either: the same pairs renamed give the same figures
+    renamed = [{**r, "id": f"other-{len(rows) - i}"} for i, r in enumerate(rows)]
+    got = audit(write_jsonl(tmp_path / "n.jsonl", renamed[::-1]), tmp_path / "on")
+    assert got["shortcut_probe"] == ref["shortcut_probe"]
+
+
 def test_probe_is_deterministic_and_skips_tiny_sets(tmp_path):
     rows = crafted(60, biased=False, seed=3)
     a = audit(write_jsonl(tmp_path / "a.jsonl", rows), tmp_path / "oa")["shortcut_probe"]

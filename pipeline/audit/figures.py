@@ -346,7 +346,7 @@ def too_small_text(probe: dict[str, Any]) -> str:
         return (
             f"too small to clear of shortcuts: {n:,} pairs; the probe runs from "
             f"{probe['runs_from']:,} pairs and clears a set only where chance stays under "
-            f"{probe['threshold']} (from 150 to 300 pairs on the test sets, docs/audit.md)"
+            f"{probe['threshold']} (from about 100 to 150 pairs on the test sets, docs/audit.md)"
         )
     return (
         f"too small to clear of shortcuts: {n:,} pairs, the probe needs about "

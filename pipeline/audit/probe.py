@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.fields import count_words, words
+from pipeline.fields import count_words, row_id, words
 
 PROBE_FLAG_AUC = 0.6
 PROBE_FOLDS = 5
@@ -362,6 +362,18 @@ def probe_status(probe: dict[str, Any]) -> dict[str, Any]:
     return {"status": status, "highest": figures[0], "over_threshold": over, "needs_pairs": needs}
 
 
+def set_order(rows: Sequence[dict[str, Any]]) -> list[int]:
+    """The rows' positions sorted by what the pairs hold (chosen text, rejected text,
+    question, then the row's id): one order for one set of pairs, whatever order they
+    were read in. Rows equal on all four are interchangeable."""
+
+    def key(i: int) -> tuple[str, str, str, str]:
+        r = rows[i]
+        return (r["chosen"], r["rejected"], str(r.get("question") or ""), row_id(r) or "")
+
+    return sorted(range(len(rows)), key=key)
+
+
 def shortcut_probe(
     rows: Sequence[dict[str, Any]],
     *,
@@ -392,6 +404,10 @@ def shortcut_probe(
     if timings is not None:
         timings["probe_features_s"] = round(time.perf_counter() - clock, 3)
         clock = time.perf_counter()
+    # The folds and the side swaps below are drawn by position, so the pairs are first put
+    # in an order that depends on the set alone: a file shuffled, or a release and the
+    # run it was built from (whose rows come in another order), give the same figures.
+    diff = diff[set_order(rows)]
     fold_aucs, pooled, single_list = _figures(diff, PROBE_SEED)
     auc = float(np.mean(fold_aucs))
 
