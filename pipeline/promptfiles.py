@@ -25,6 +25,8 @@ from pathlib import Path
 
 from pipeline.errors import InputError
 
+# The version a row records for a prompt file (a project template records its own number).
+FILE_VERSION = "file"
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # the longest prompt file read; a larger one is a mistake (a dataset, a binary file)
 MAX_BYTES = 1_000_000
@@ -48,7 +50,7 @@ class PromptFile:
         user's machine)."""
         return {
             "template": self.path.name,
-            "template_version": "file",
+            "template_version": FILE_VERSION,
             "template_hash": self.sha256,
         }
 

@@ -8,6 +8,8 @@ release's ``profile`` is in the run's ranked order."""
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -133,6 +135,11 @@ def test_every_question_is_one_pair_written_with_the_prompt_files(
     dup = next(p for p in pairs if p["source_id"] == "extra-near-duplicates")
     assert len(dup["rubric"]["items"]) == 2
     assert not list(rd.stage("pairs").rejects())
+    # both stages count the combinations as unjudged, none as judged
+    judge_stats = json.loads((run_dir / "judge" / "stats.json").read_text())
+    pair_stats = json.loads((run_dir / "pairs" / "stats.json").read_text())
+    assert (judge_stats["pairs_judged"], judge_stats["pairs_unjudged"]) == (0, len(pairs))
+    assert (pair_stats["pairs_judged"], pair_stats["pairs_unjudged"]) == (0, len(pairs))
 
     # one request a side per question, nothing to the judge; each is the file's text
     bodies = [r["body"] for r in server.requests]
@@ -177,6 +184,13 @@ def test_every_question_is_one_pair_written_with_the_prompt_files(
         assert sorted(post["text"] for post in row["profile"]) == sorted(
             post["text"] for post in p["profile"]
         )
+        # nothing judged the pair: no judge sampling in its row
+        assert json.loads(row["sampling"])["judge"] is None
+    # the card: the prompt files by name and hash, no judge sampling
+    card = (run_dir / "publish" / "README.md").read_text(encoding="utf-8")
+    digest = hashlib.sha256((prompts / "chosen.txt").read_bytes()).hexdigest()
+    assert f"- `chosen.txt` (a prompt file): `{digest}`" in card
+    assert "- Judge sampling: n/a (nothing was judged)" in card
 
     # the commands that read a release read one with no verdicts
     assert main(["audit", str(run_dir / "publish")]) == 0

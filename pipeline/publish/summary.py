@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.backends.identity import describe
+from pipeline.promptfiles import FILE_VERSION
 from pipeline.publish.recorded import built_from
 from pipeline.release.columns import json_text, sampling_of, templates_of
 from pipeline.run import RunDir
@@ -41,12 +42,16 @@ class Tally:
                 seen.add(str(row[col]))
         s = sampling_of(record)
         for side, seen_s in self.sampling.items():
-            seen_s[json_text(s[side])] = s[side]
+            if s[side] is not None:  # None: the pair was not judged
+                seen_s[json_text(s[side])] = s[side]
         t = templates_of(record)
         for info in [t.get("chosen"), t.get("rejected"), *(t.get("judge") or {}).values()]:
             if info and info.get("template"):
                 at = (info["template"], info.get("template_version"), info.get("template_hash"))
-                self.templates[at] = info
+                self.templates[at] = {
+                    **info,
+                    "from_file": info.get("template_version") == FILE_VERSION,
+                }
 
 
 def release_summary(

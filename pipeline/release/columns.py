@@ -254,14 +254,17 @@ def generator_model(record: Mapping[str, Any]) -> str | None:
 
 
 def sampling_of(record: Mapping[str, Any]) -> dict[str, Any]:
-    """Generator sampling per side, judge sampling and seed (the release's `sampling`)."""
+    """Generator sampling per side, judge sampling and seed (the release's `sampling`);
+    the judge's is null for a pair nothing judged (``judge.enabled: false``)."""
     gen = _generator(record)
     g_ch, g_rj = gen.get("chosen") or {}, gen.get("rejected") or {}
     judge = _judge_prov(record)
     return {
         "chosen": {**(g_ch.get("sampling") or {}), "n": g_ch.get("n")},
         "rejected": {**(g_rj.get("sampling") or {}), "n": g_rj.get("n")},
-        "judge": {**(judge.get("sampling") or {}), "seed": judge.get("seed")},
+        "judge": None
+        if judge.get("judged") is False
+        else {**(judge.get("sampling") or {}), "seed": judge.get("seed")},
     }
 
 

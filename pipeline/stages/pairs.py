@@ -113,7 +113,7 @@ class PairStage(Stage):
         pair_drops: Counter = Counter()
         dropped: Counter = Counter()
         strategies: Counter = Counter()
-        pairs_seen = kept_n = 0
+        pairs_judged = pairs_unjudged = kept_n = 0
         with (
             open(kept_tmp, "wb") as kept_fh,
             open(rejects_tmp, "wb") as rej_fh,
@@ -125,8 +125,12 @@ class PairStage(Stage):
                 cands = {c["candidate_id"]: c for c in cands_of.get(ex_id)}
                 passing: list[tuple[float, PairView, dict]] = []
                 outcomes = []
+                unjudged = (judged.get("provenance") or {}).get("judged") is False
                 for p in judged["pairwise"]:
-                    pairs_seen += 1
+                    if unjudged:  # the judge is off (judge.enabled: false): no verdicts
+                        pairs_unjudged += 1
+                    else:
+                        pairs_judged += 1
                     view = PairView(
                         example=ex,
                         rubric=rub,
@@ -245,7 +249,8 @@ class PairStage(Stage):
             "dropped": n_dropped,
             "dropped_by_reason": {f.name: dropped.get(f.name, 0) for f in filters}
             | {k: v for k, v in dropped.items() if k not in names},
-            "pairs_judged": pairs_seen,
+            "pairs_judged": pairs_judged,
+            **({"pairs_unjudged": pairs_unjudged} if pairs_unjudged else {}),
             "pairs_dropped_by_filter": dict(pair_drops),
             "set_level_drops": dict(set_drops),
             "kept_by_strategy": dict(strategies),
