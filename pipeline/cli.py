@@ -397,13 +397,47 @@ def cmd_run(args: argparse.Namespace) -> int:
             if error is not None:  # None is a bug: main() shows its traceback, no summary
                 print_run_summary(cfg.run_dir, since=t0, error=error)
         raise
+    nothing = _no_pair_kept(cfg.run_dir, args)
     if args.json:
         from pipeline.runsummary import print_run_summary
 
-        print_run_summary(cfg.run_dir, since=t0)
+        print_run_summary(cfg.run_dir, since=t0, error=nothing)
     else:
         print(f"run directory: {os.path.abspath(cfg.run_dir)}")
+    if nothing is not None:
+        from pipeline.errors import NO_PAIR_KEPT_EXIT_STATUS
+
+        print(nothing, file=sys.stderr)
+        return NO_PAIR_KEPT_EXIT_STATUS
     return 0
+
+
+def _no_pair_kept(run_dir: str | Path, args: argparse.Namespace) -> str | None:
+    """One line when this command finished the pair stage and it kept no pair (every
+    example dropped by a filter): the drops by reason and where to look; else None."""
+    from pipeline.kinds.stages import ORDER
+    from pipeline.run import RunDir
+
+    last = args.only or args.until
+    if last is not None and ORDER.index(last) < ORDER.index("pairs"):
+        return None  # the pair stage was not asked for
+    if args.only is not None and args.only != "pairs":
+        return None
+    sd = RunDir(run_dir).stage("pairs")
+    if not sd.done:
+        return None
+    stats = sd.stats()
+    if stats.get("kept") != 0:
+        return None
+    drops = sorted(((n, r) for r, n in (stats.get("dropped_by_reason") or {}).items() if n),
+                   key=lambda x: (-x[0], x[1]))  # fmt: skip
+    why = ", ".join(f"{r} {n}" for n, r in drops) or "no example reached the pair stage"
+    inspect = command_line(["prb", "inspect", args.config], args.overrides)
+    return (
+        f"no pair kept: the pair stage dropped all {stats.get('examples', 0)} examples "
+        f"({why}); `{inspect}` lists each drop with its reason, docs/filters.md says what "
+        "each filter asks (a stronger model, or looser pairs.* settings, keeps more)"
+    )
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

@@ -69,6 +69,11 @@ class Unanswered(BackendError):
         return Unanswered(self.stage, self.count, self.total, hint)
 
 
+# The exit status of a run that finished its pair stage with no pair kept: every stage
+# worked, but there is no benchmark to publish (docs/errors.md).
+NO_PAIR_KEPT_EXIT_STATUS = 5
+
+
 class BudgetReached(PipelineError):
     """A stage stopped before a request could cross ``run.budget``: what was in flight was
     answered and kept; the stage is left unfinished. ``stats``: the runner's figures of the

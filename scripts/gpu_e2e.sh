@@ -10,7 +10,8 @@
 # It runs the project as `python -m pipeline.cli`, so it works from a checkout that is only
 # on PYTHONPATH (the ../shared/gpu recipe: `source .gpu/kit/env.sh` first) as well as from an
 # installed one. PYTHON picks the interpreter (default python3). The exit status is the
-# run's: non-zero when a stage kept failed requests (they are retried by running it again).
+# run's: non-zero when a stage kept failed requests (they are retried by running it again),
+# and 5 when the run kept no pair (docs/errors.md).
 set -uo pipefail
 
 if [ $# -lt 1 ] || [ -z "$1" ] || [ "${1#-}" != "$1" ]; then

@@ -64,6 +64,19 @@ def rows(folder: Path, prefix: str) -> list[dict[str, Any]]:
             for line in f.read_text(encoding="utf-8").splitlines() if line]  # fmt: skip
 
 
+def check_run_status(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """A finished `prb run --json`: exit 0 with pairs kept; with none kept (a tiny model's
+    answers can all drop) exit 5, the summary not ok and its error the one line on stderr."""
+    summary = json.loads(proc.stdout)
+    if summary.get("pairs_kept") == 0:
+        assert proc.returncode == 5 and summary["ok"] is False, proc.stderr
+        assert summary["error"].startswith("no pair kept:"), summary["error"]
+        assert proc.stderr.strip().splitlines()[-1] == summary["error"]
+    else:
+        assert proc.returncode == 0 and summary["ok"], proc.stderr
+    return summary
+
+
 def check_run(run_dir: Path) -> dict[str, Any]:
     """The output invariants of a finished run; returns the funnel and request counts."""
     for stage in STAGES:
@@ -103,8 +116,7 @@ def check_rerun_sends_nothing(config: Path, run_dir: Path, first: dict[str, Any]
     """A re-run of every LLM stage answers from the cache; only requests that failed
     the first time (pending, retried by design) may be sent again."""
     proc = prb("run", str(config), "--redo", "responses", "--no-progress", "--json", cwd=ROOT)
-    summary = json.loads(proc.stdout)
-    assert summary["ok"], proc.stderr
+    check_run_status(proc)
     for stage in LLM_STAGES:
         llm = json.loads((run_dir / stage / "stats.json").read_text())["llm"]
         assert llm["sent"] <= first["requests"][stage]["failed"], (stage, llm)
@@ -159,7 +171,7 @@ def test_the_trimmed_config_against_the_standin_server(tmp_path: Path):
         config = trimmed_config(tmp_path, {"name": "openai", "model": "standin-model",
                                            "openai": {"base_url": server.base_url}})  # fmt: skip
         proc = prb("run", str(config), "--no-progress", "--json", cwd=ROOT)
-        assert json.loads(proc.stdout)["ok"], proc.stderr
+        check_run_status(proc)
         run_dir = tmp_path / "outputs" / "local"
         result = check_run(run_dir)
         check_rerun_sends_nothing(config, run_dir, result)
@@ -178,8 +190,7 @@ def test_the_trimmed_config_against_the_standin_server(tmp_path: Path):
 def test_prb_run_publish_audit_on_the_local_model(tmp_path: Path):
     config = trimmed_config(tmp_path, {"name": "llamacpp"})  # no model: the packaged GGUF
     proc = prb("run", str(config), "--no-progress", "--json", cwd=ROOT)
-    summary = json.loads(proc.stdout)
-    assert summary["ok"], proc.stderr
+    check_run_status(proc)
     run_dir = tmp_path / "outputs" / "local"
     assert yaml.safe_load((run_dir / "run.yaml").read_text())["backend"]["model"] == (
         LLAMACPP_DEFAULT_MODEL

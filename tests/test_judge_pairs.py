@@ -180,3 +180,29 @@ def test_judge_unparsable_answers_stay_failures_until_final(tmp_path):
     cov = [v for j in judged for v in j["coverage"].values()]
     assert len(cov) == 24 and all(not v["parse_ok"] and "scores" in v["error"] for v in cov)
     assert Counter(r["reason"] for r in rd.stage("pairs").rejects()) == {"judge_parse": 12}
+
+
+def test_a_run_that_keeps_no_pair_says_so_and_exits_5(tmp_path, smart_server, capsys):
+    """Every stage worked but the filters dropped every example: not a benchmark, so not
+    exit 0. One line gives the drops by reason and the inspect command for this run."""
+    cfg_path = write_config(tmp_path, smart_server)
+    args = ["run", str(cfg_path), "--no-progress", "--set", "pairs.quality_floor=5"]
+    assert main(args) == 5
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    err = err.strip().splitlines()[-1]  # the stages' progress lines come first
+    stats = RunDir(load_config(cfg_path).run_dir).stage("pairs").stats()
+    n = stats["examples"]
+    assert stats["kept"] == 0 and stats["dropped_by_reason"]["quality_floor"] > 0
+    assert err.startswith(f"no pair kept: the pair stage dropped all {n} examples (")
+    assert f"quality_floor {stats['dropped_by_reason']['quality_floor']}" in err
+    assert f"`prb inspect {cfg_path} --set pairs.quality_floor=5`" in err
+    # --json: the summary says not ok, with the same line; a run stopped before the pair
+    # stage is not asked about pairs
+    assert main([*args, "--json"]) == 5
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["ok"] is False and summary["pairs_kept"] == 0
+    assert summary["error"].startswith("no pair kept:")
+    assert main([*args, "--until", "judge"]) == 0
+    # the thresholds back: pairs kept, exit 0
+    assert main(["run", str(cfg_path), "--no-progress"]) == 0
