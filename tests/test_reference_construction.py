@@ -241,3 +241,33 @@ def test_the_judge_off_refuses_a_filter_that_reads_verdicts(tmp_path, server, ca
     assert main(["run", str(CONSTRUCTION), "--no-progress", *args]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "field 'pairs.filters'" in line and "coverage read the judge's verdicts" in line
+
+
+def test_a_prompt_folder_relative_to_the_config_is_found_from_the_run_directory(
+    tmp_path, server, capsys
+):
+    """run.yaml holds each path as the config meant it (absolute), so the commands that
+    read a run from its directory find a prompt folder the config names relative to its
+    own folder; before, it was looked for under the run directory."""
+    folder = tmp_path / "my-configs"
+    _prompts(folder / "pr")
+    cfg = yaml.safe_load(CONSTRUCTION.read_text(encoding="utf-8"))
+    cfg["run"] = {"name": "relative", "output_dir": "../outputs"}
+    cfg["input"] = {"format": "lamp", "path": str(ROOT / "examples" / "sample_lamp.jsonl")}
+    cfg["profile"] = {"ranker": "bm25", "top_k": 3}
+    cfg["backend"]["openai"]["base_url"] = server.base_url
+    cfg["backend"]["model"] = "standin-model"
+    cfg["prompts"]["dir"] = "pr"  # the config file's folder's
+    config = folder / "relative.yaml"
+    config.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    assert main(["run", str(config), "--no-progress"]) == 0
+    run_dir = tmp_path / "outputs" / "relative"
+    recorded = yaml.safe_load((run_dir / "run.yaml").read_text(encoding="utf-8"))
+    assert recorded["prompts"]["dir"] == str(folder / "pr")
+    assert recorded["run"]["output_dir"] == str(tmp_path / "outputs")
+    capsys.readouterr()
+    for command in (["inspect", str(run_dir)], ["status", str(run_dir)]):
+        assert main([*command, "--set", "pairs.chunk_size=5"]) == 0, capsys.readouterr().err
+    assert main(["annotate", "export", str(run_dir), "--round", "1", "--file-only"]) == 0, (
+        capsys.readouterr().err
+    )

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
 
-from pipeline.config.sections import Config
+from pipeline.config.sections import Config, path_fields
 from pipeline.config.yamlfile import ConfigLoader, yaml_problem
 from pipeline.errors import ConfigError
 from pipeline.kinds.settings import FLAT_KEYS as _FLAT_BACKEND_KEYS
@@ -37,22 +35,10 @@ def parse_override(spec: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-def _path_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """The dotted names of ``model``'s fields typed as a path (or an optional one)."""
-    out = []
-    for name, f in model.model_fields.items():
-        kind = f.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            out += _path_fields(kind, f"{prefix}{name}.")
-        elif kind is Path or Path in typing.get_args(kind):
-            out.append(f"{prefix}{name}")
-    return out
-
-
 # Config fields that hold paths, from their types. In a config file a relative one is the
 # file's folder's; typed with --set it is the current folder's, like any path on a command
 # line.
-PATH_FIELDS: tuple[str, ...] = tuple(_path_fields(Config))
+PATH_FIELDS: tuple[str, ...] = tuple(path_fields(Config))
 
 
 def _current_key(parts: list[str]) -> list[str]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from pipeline.errors import ConfigError
 from pipeline.inputs import FORMATS
@@ -569,6 +570,18 @@ class AnnotationSection(_Section):
         return None if v is None else _check_http_url(v)
 
 
+def path_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """The dotted names of ``model``'s fields typed as a path (or an optional one)."""
+    out = []
+    for name, f in model.model_fields.items():
+        kind = f.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            out += path_fields(kind, f"{prefix}{name}.")
+        elif kind is Path or Path in typing.get_args(kind):
+            out.append(f"{prefix}{name}")
+    return out
+
+
 class Config(_Section):
     run: RunSection = Field(default_factory=RunSection, description="Run identity and seed.")
     input: InputSection = Field(
@@ -617,6 +630,18 @@ class Config(_Section):
         """The resolved config as YAML, with the credentials in URLs (user:password@, a
         key in the query string) left out."""
         data = self.model_dump(mode="json")
+        # every path as the config meant it (a relative one is the config file's folder's):
+        # run.yaml is read from the run directory, where the file's folder is not known.
+        # The annotation server's folders are the current folder's (prb annotate serve)
+        for dotted in path_fields(type(self)):
+            if dotted.startswith("annotation."):
+                continue
+            *above, leaf = dotted.split(".")
+            node: Any = data
+            for key in above:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict) and isinstance(node.get(leaf), str) and node[leaf]:
+                node[leaf] = os.path.abspath(self.resolve_input(Path(node[leaf])) or "")
         data["backend"] = self.backend.public(data["backend"])
         if data["annotation"].get("url"):
             data["annotation"]["url"] = public_url(data["annotation"]["url"])
