@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -878,6 +879,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+# Commands that only show something: a reader that stops early (`| head`) is no error.
+SHOW_ONLY = frozenset({"config", "status", "inspect", "plan"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     parser.add_argument("--debug", action="store_true", help="on an error, print the traceback")
@@ -914,12 +919,23 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; finished work is kept, run the same command to resume", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # the reader of our output stopped (`prb config fields | head`): not an error; point
-        # stdout at devnull so the interpreter's final flush does not complain either
+        # the reader of our output stopped. For a command that only shows something
+        # (`prb config fields | head`) that is not an error; a command that works (a run
+        # whose progress went to `| head -1`) stopped half-way, so its status says so:
+        # 141, as a shell reports a process ended by SIGPIPE. Either way stdout goes to
+        # devnull so the interpreter's final flush does not complain.
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        if args.command in SHOW_ONLY:
+            return 0
+        with contextlib.suppress(OSError):
+            print(
+                "stopped: the reader of this command's output went away; finished work is "
+                "kept, run the same command to resume",
+                file=sys.stderr,
+            )
+        return 141
     except Exception as exc:
         # one path for every expected failure: one line (redacted), the traceback on --debug;
         # anything format_error does not know is a bug and keeps its traceback

@@ -195,3 +195,31 @@ def test_help_describes_the_command(command, words, capsys):
     text = " ".join(capsys.readouterr().out.split())
     for w in words:
         assert w in text, (w, text)
+
+
+@pytest.mark.parametrize(("command", "status"), [("run", 141), ("publish", 141), ("status", 0)])
+def test_a_reader_that_goes_away_stops_a_working_command_with_141(command, status, tmp_path):
+    """`prb run ... | head -1`: the run stops half-way, so it must not exit 0; a command
+    that only shows something (`prb status | head`) may. The handler raises the
+    BrokenPipeError a write to a closed pipe raises, in a process of its own (the handler
+    points stdout at /dev/null)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipeline.cli as c\n"
+        "def broken(args):\n"
+        "    raise BrokenPipeError(32, 'Broken pipe')\n"
+        f"c.cmd_{command} = broken\n"
+        f"sys.exit(c.main([{command!r}, 'x']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == status, proc.stderr
+    assert "Traceback" not in proc.stderr
+    if status:
+        assert proc.stderr.strip() == (
+            "stopped: the reader of this command's output went away; finished work is kept, "
+            "run the same command to resume"
+        )
