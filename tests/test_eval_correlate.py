@@ -221,8 +221,21 @@ def test_correlate_word_and_a_split_named_correlate(
     monkeypatch.chdir(tmp_path)
     assert main(["eval", "correlate"]) == 1
     assert "prb eval correlate TABLE.csv" in capsys.readouterr().err
-    assert main(["eval", "correlate", "t.csv", "--bootstrap", "0"]) == 1
-    assert "error: --bootstrap: must be at least 1" in capsys.readouterr().err
+    # counts out of range are argparse's usage line (exit 2), before anything is read
+    for flag, value, said in (
+        ("--bootstrap", "0", "argument --bootstrap: must be from 1 to 100,000, got 0"),
+        ("--bootstrap", "100000000000", "must be from 1 to 100,000, got 100,000,000,000"),
+        ("--seed", "-1", "argument --seed: must be 0 or more, got -1"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(["eval", "correlate", "t.csv", flag, value])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err
+    # the table itself as --out: refused, the table left as it was
+    assert main(["eval", "correlate", "t.csv", "--out", "t.csv"]) == 1
+    assert "t.csv: is the table being read" in capsys.readouterr().err
+    assert table.read_text(encoding="utf-8") == TABLE
     # a split folder literally named correlate, without a table after it, is a split
     (tmp_path / "correlate").mkdir()
     seen = []

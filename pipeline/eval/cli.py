@@ -95,12 +95,42 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
         "it was built; refused without it",
     )
     p.add_argument("--limit", type=int, help="evaluate only the first N pairs")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument(
+        "--bootstrap",
+        type=_whole(1, MAX_BOOTSTRAP),
+        default=1000,
+        help=f"bootstrap resamples, 1 to {MAX_BOOTSTRAP:,} (default 1000)",
+    )
+    p.add_argument(
+        "--seed", type=_whole(0), default=0, help="bootstrap seed, 0 or more (default 0)"
+    )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--scorer-help", action="store_true", help="list every scorer option and exit")
     p.set_defaults(eval_handler=cmd_eval)
     return p
+
+
+# The most bootstrap resamples: a 95% interval is stable long before; past it a typo
+# (1000000000000) would run for days or exhaust memory.
+MAX_BOOTSTRAP = 100_000
+
+
+def _whole(lo: int, hi: int | None = None) -> Any:
+    """An argparse type: a whole number from ``lo`` (to ``hi``); a bad one is argparse's
+    usage line, exit status 2."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if hi is None and value < lo:
+            raise argparse.ArgumentTypeError(f"must be {lo:,} or more, got {value:,}")
+        if hi is not None and not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be from {lo:,} to {hi:,}, got {value:,}")
+        return value
+
+    return parse
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -208,6 +238,8 @@ def cmd_correlate(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else default_out(args.table)
     if out.is_dir():
         raise InputError("is a folder; give the path of the JSON file to write", path=out)
+    if out.resolve() == Path(args.table).resolve():
+        raise InputError("is the table being read; give another path for the JSON", path=out)
     res = correlate(args.table, n_boot=args.bootstrap, seed=args.seed)
     write_json_atomic(out, res)
     print(f"correlations in {res['table']} ({res['models']} models)")
