@@ -131,3 +131,41 @@ def test_device_map_cpu_loads_through_accelerate(
     assert figures["mapped"][0]["scorer"]["device_map"] == "cpu"
     assert figures["mapped"][0]["scorer"]["input_device"] == "cpu"
     assert figures["mapped"][1] == figures["plain"][1]
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("device=banana", "option 'device=banana' is not a device torch knows"),
+        ("device_map=banana", "option 'device_map=banana' is not a device torch knows"),
+        ("device=cuda:99", "cuda:99"),
+        ("device_map=cuda:99", "cuda:99"),
+    ],
+)
+def test_a_device_torch_cannot_use_is_one_line_before_anything_loads(
+    option: str,
+    expected: str,
+    tiny_rm: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # cuda:99: no CUDA device on a CPU machine, too high an index on a GPU one
+    split = write_split(tmp_path)
+    assert main(["eval", str(split), "--scorer", f"rm:{tiny_rm},{option}", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+    assert expected in err
+    assert not (tmp_path / "split-eval").exists()  # refused before the split loads
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("rm:/m,batch_size=0", "option 'batch_size' must be >= 1, got '0'"),
+        ("rm:/m,dtype=float16,dtype=float32", "option 'dtype' is given twice"),
+        ("judge:m,unparsed=a,unparsed=fail", "option 'unparsed' is given twice"),
+    ],
+)
+def test_a_zero_batch_or_an_option_given_twice_is_refused(spec: str, expected: str) -> None:
+    with pytest.raises(InputError, match=expected):
+        parse_spec(spec)

@@ -78,6 +78,45 @@ def check_device_map(device_map: str) -> None:
         )
 
 
+# device_map values that name a placement strategy rather than one device (accelerate's)
+PLACEMENTS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device(value: str, option: str) -> None:
+    """``device=`` (or a ``device_map=`` naming one device) that torch can use on this
+    machine: one line before anything loads, where torch's own refusal is a traceback."""
+    if not value or (option == "device_map" and value in PLACEMENTS):
+        return
+    try:
+        import torch
+    except ImportError:
+        return  # the engine's own import check names the extra to install
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError):
+        raise InputError(
+            f"option '{option}={value}' is not a device torch knows (cpu, cuda, cuda:1, mps...)",
+            path="--scorer",
+            field=option,
+        ) from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InputError(
+                f"option '{option}={value}': torch {torch.__version__} sees no CUDA device on "
+                f"this machine; use {option}=cpu or leave the option out",
+                path="--scorer",
+                field=option,
+            )
+        if device.index is not None and device.index >= count:
+            raise InputError(
+                f"option '{option}={value}': this machine has {count} CUDA device(s), "
+                f"cuda:0 to cuda:{count - 1}",
+                path="--scorer",
+                field=option,
+            )
+
+
 def _first_device(model: Any) -> Any:
     """Where a placed model takes its inputs: its input embeddings' device (the first
     device of a model spread over several), else its first parameter's."""

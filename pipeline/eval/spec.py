@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import yaml
 
 from pipeline.errors import InputError
-from pipeline.eval.pointwise import ENGINES, check_device_map, check_model_folder
+from pipeline.eval.pointwise import ENGINES, check_device, check_device_map, check_model_folder
 from pipeline.registry import Registry
 
 Options = dict[str, tuple[type, Any, str]]
@@ -67,6 +67,8 @@ JUDGE_OPTIONS: Options = {
                     "and format=text"),
     "name": (str, "", "name on the leaderboard (default: the model name)"),
 }  # fmt: skip
+# Whole-number options where 0 means nothing (the others take 0: "the model's limit", "none").
+_AT_LEAST_ONE = {"batch_size": 1}
 # The judge's prompt files: the placeholders the user file must hold, and those it may.
 PROMPT_FILE_OPTIONS = ("system_prompt", "user_prompt")
 USER_PROMPT_NEEDS = ("question", "Response_A", "Response_B")
@@ -200,6 +202,8 @@ class RewardModel(ScorerKind):
     def preflight(cls, spec: ScorerSpec) -> None:
         check_model_folder(Path(spec.target).expanduser())
         check_device_map(spec.opt("device_map"))
+        check_device(spec.opt("device"), "device")
+        check_device(spec.opt("device_map"), "device_map")
 
     @classmethod
     def display_name(cls, target: str, judge_model: str = "") -> str:
@@ -267,8 +271,11 @@ def _coerce(kind: type[ScorerKind], spec: str, key: str, raw: str) -> Any:
             path="--scorer",
             field=key,
         )
-    if typ is int and value < 0:
-        raise InputError(f"option '{key}' must be >= 0, got {raw!r}", path="--scorer", field=key)
+    least = _AT_LEAST_ONE.get(key, 0)
+    if typ is int and value < least:
+        raise InputError(
+            f"option '{key}' must be >= {least}, got {raw!r}", path="--scorer", field=key
+        )
     if key in _SAMPLING_FIELDS:
         _check_sampling(key, raw, value)
     return value
@@ -322,6 +329,12 @@ def parse_spec(text: str) -> ScorerSpec:
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise InputError(
                 f"unknown option '{key}' for {prefix}:{hint} (known: {', '.join(table)})",
+                path="--scorer",
+                field=key,
+            )
+        if key in options:
+            raise InputError(
+                f"option '{key}' is given twice (in {text!r}); keep one",
                 path="--scorer",
                 field=key,
             )
