@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from pipeline.errors import InputError
+from pipeline.io import path_kind
 
 # The version a row records for a prompt file (a project template records its own number).
 FILE_VERSION = "file"
@@ -70,8 +71,9 @@ def read_prompt_file(
     known = needed + tuple(n for n in dict.fromkeys(fills) if n not in needed)
     known_text = ", ".join("{" + n + "}" for n in known)
     try:
-        if not p.is_file():
-            why = "is a folder" if p.is_dir() else "does not exist"
+        kind = path_kind(p)
+        if kind != "a file":
+            why = "does not exist" if kind is None else f"is {kind}, not a file"
             raise InputError(f"{why}; {what} is read from this file", path=p)
         if p.stat().st_size > MAX_BYTES:
             raise InputError(
@@ -129,6 +131,13 @@ def read_prompt_files(
         raise InputError(
             f"{section}.files names {', '.join(files)}, but {section}.dir is not set; point it "
             "at the folder that holds the files",
+            field=f"{section}.dir",
+        )
+    kind = path_kind(Path(folder).expanduser())
+    if kind not in (None, "a folder"):  # a missing folder: each file says it does not exist
+        raise InputError(
+            f"is {kind}, not a folder; point {section}.dir at the folder that holds the files",
+            path=Path(folder).expanduser(),
             field=f"{section}.dir",
         )
     out = {}

@@ -226,6 +226,30 @@ def test_a_prompt_file_without_its_placeholders_is_one_line(
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize("where", ["fifo", "folder-is-a-file"])
+def test_a_prompt_path_that_is_not_a_file_or_folder_says_what_it_is(
+    tmp_path, server, capsys, where
+):
+    """A named pipe where a prompt file should be (read, it would wait for a writer) and a
+    file where the prompt folder should be: each named for what it is, in one line."""
+    import os
+
+    prompts = _prompts(tmp_path / "p")
+    if where == "fifo":
+        (prompts / "rejected.txt").unlink()
+        os.mkfifo(prompts / "rejected.txt")
+        expected = "rejected.txt: is a named pipe, not a file; the avoid_all prompt"
+    else:
+        prompts = tmp_path / "a-file"
+        prompts.write_text("not a folder", encoding="utf-8")
+        expected = "a-file, field 'prompts.dir': is a file, not a folder; point prompts.dir at"
+    args = _args(tmp_path, tmp_path / "no-repo", "unused", server, prompts)
+    assert main(["plan", str(CONSTRUCTION), *args]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_no_prompt_folder_says_which_field_to_set(tmp_path, server, capsys):
     args = _args(tmp_path, tmp_path / "no-repo", "unused", server, None)
     assert main(["run", str(CONSTRUCTION), "--no-progress", *args]) == 1
