@@ -82,7 +82,9 @@ class InputFormat:
         value = self.resolve(getattr(self.section, field))
         if value is None:
             raise InputError(
-                f"input.{field} must be set for input.format '{self.name}'", field=field
+                f"must be set for input.format '{self.name}': give it in the config file or "
+                f"with --set input.{field}=...",
+                field=f"input.{field}",
             )
         return Path(value)
 

@@ -330,7 +330,11 @@ class HubFormat(InputFormat):
         config file's) when there is one, else the Hub name as written."""
         name = self.section.dataset
         if not name:
-            raise InputError("input.dataset must be set for input.format 'hub'", field="dataset")
+            raise InputError(
+                "must be set for input.format 'hub': give it in the config file or with "
+                "--set input.dataset=...",
+                field="input.dataset",
+            )
         local = self.resolve(Path(name))
         return str(local) if local is not None and local.is_dir() else name
 
