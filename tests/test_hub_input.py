@@ -111,8 +111,9 @@ def test_a_wrong_config_split_or_column_is_one_line(repo, tmp_path, over, field,
 
 
 def test_input_dataset_is_required(tmp_path):
-    with pytest.raises(InputError, match=r"input\.dataset must be set for input\.format 'hub'"):
+    with pytest.raises(InputError, match=r"must be set for input\.format 'hub'") as exc:
         load_examples(InputSection(format="hub", split="test"))
+    assert exc.value.field == "input.dataset"
 
 
 def test_offline_and_not_cached_says_what_to_download(tmp_path):
