@@ -572,3 +572,25 @@ def test_a_line_nested_too_deeply_is_named_and_the_good_lines_stored(tmp_path, s
     assert rc == 0 and "stored 1; skipped 1 (1 broken line)" in out, out
     assert f"{results}:2: nested too deeply to be a result line" in err
     assert "Traceback" not in err
+
+
+def test_a_broken_line_corrected_and_imported_again_is_stored(tmp_path, server, capsys):
+    """A line that could not be read (its status_code not a number) was not imported: the
+    same line corrected, in a later file, is stored, not refused as imported before; the
+    lines that were read are refused as imported, as before."""
+    cfg = write_config(tmp_path, server, backend={"name": "batchfile"}, **GENERATED)
+    export(cfg, tmp_path / "r.jsonl", capsys)
+    run_batch(server, tmp_path / "r.jsonl", tmp_path / "good.jsonl")
+    lines = (tmp_path / "good.jsonl").read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    assert first.get("id")  # a line id, as runners write
+    broken = {**first, "response": {**first["response"], "status_code": "abc"}}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([json.dumps(broken), *lines[1:]]) + "\n", encoding="utf-8")
+    rc, out, err = import_(cfg, capsys, bad)
+    assert rc == 0 and f"stored {len(lines) - 1}; skipped 1 (1 broken line)" in out, out
+    assert f"{bad}:1: response.status_code is not a number" in err
+    rc, out, err = import_(cfg, capsys, tmp_path / "good.jsonl")
+    assert rc == 0, err
+    assert f"stored 1; skipped {len(lines) - 1} ({len(lines) - 1} already imported)" in out, out
+    assert f"line id {first['id']} was imported before" not in err

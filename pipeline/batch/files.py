@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.backends.batchfile import BatchFileBackend, Recording, recording
 from pipeline.backends.batchstore import BatchState
-from pipeline.backends.openai.lines import Parsed, read_results, request_line
+from pipeline.backends.openai.lines import BROKEN_LINE, Parsed, read_results, request_line
 from pipeline.errors import ConfigError, InputError, StageError, Unanswered
 
 if TYPE_CHECKING:
@@ -309,7 +309,9 @@ def _accept(
         if p.line_id and p.line_id in seen:
             skip(p, "already imported", f"line id {p.line_id} was imported before")
             continue
-        if p.line_id:
+        if p.line_id and p.code != BROKEN_LINE:
+            # read: importing it again is harmless. A broken line was not read, so a
+            # corrected line with its id is imported later, not refused as imported
             line_ids.append((p.line_id, p.where))
         if p.result is None:
             skip(p, p.code, p.why)

@@ -33,6 +33,12 @@ _NOT_FINISHED = {None, "abort"}
 _SHOWN = 200
 
 
+# The code of a line that could not be read as a result line (not JSON, no custom_id, a
+# field of the wrong type): unlike a result that reports a failure, it was not imported,
+# so a corrected line with its id is read later (pipeline/batch/files.py).
+BROKEN_LINE = "broken line"
+
+
 def request_line(req: ChatRequest, body: dict[str, Any]) -> dict[str, Any]:
     """The batch line that asks ``req``; ``body`` is the chat-completions body to send."""
     return {"custom_id": req.key, "method": "POST", "url": CHAT_URL, "body": body}
@@ -111,7 +117,7 @@ def read_results(
             try:
                 raw = raw.decode("utf-8")
             except UnicodeDecodeError:
-                yield Parsed(where, code="broken line", why="not UTF-8 text")
+                yield Parsed(where, code=BROKEN_LINE, why="not UTF-8 text")
                 continue
         text = raw.strip()
         if not text:
@@ -119,18 +125,18 @@ def read_results(
         try:
             obj = json.loads(text)
         except ValueError as exc:
-            yield Parsed(where, code="broken line", why=f"not a JSON line ({exc})")
+            yield Parsed(where, code=BROKEN_LINE, why=f"not a JSON line ({exc})")
             continue
         except RecursionError:  # one line must not stop the file's other lines
-            yield Parsed(where, code="broken line", why="nested too deeply to be a result line")
+            yield Parsed(where, code=BROKEN_LINE, why="nested too deeply to be a result line")
             continue
         if not isinstance(obj, dict):
-            yield Parsed(where, code="broken line", why="not a JSON object")
+            yield Parsed(where, code=BROKEN_LINE, why="not a JSON object")
             continue
         line_id = obj.get("id") if isinstance(obj.get("id"), str) and obj["id"] else None
         cid = obj.get("custom_id")
         if not isinstance(cid, str) or not cid:
-            yield Parsed(where, code="broken line", why="no custom_id", line_id=line_id)
+            yield Parsed(where, code=BROKEN_LINE, why="no custom_id", line_id=line_id)
             continue
         if cid not in expected:
             why = f"custom_id {_shown(cid)} was not asked by this run"
@@ -179,15 +185,15 @@ def _answer(
         why = f"the request failed in the batch ({said}{error_text(obj['error'])})"
         return failed("error", why)
     if not isinstance(response, dict):
-        return failed("broken line", "no response and no error")
+        return failed(BROKEN_LINE, "no response and no error")
     body = response.get("body")
     if isinstance(status, bool) or not isinstance(status, int):
-        return failed("broken line", "response.status_code is not a number")
+        return failed(BROKEN_LINE, "response.status_code is not a number")
     if status != 200:
         shown = f": {error_text(body)}" if body else ""
         return failed(f"HTTP {status}", f"the request failed in the batch (HTTP {status}{shown})")
     if not isinstance(body, dict):
-        return failed("broken line", "response.body is not a chat completion")
+        return failed(BROKEN_LINE, "response.body is not a chat completion")
     model = body.get("model")
     if not same_model(req.model, model):
         return failed(
