@@ -164,8 +164,12 @@ def test_a_device_torch_cannot_use_is_one_line_before_anything_loads(
         ("rm:/m,batch_size=0", "option 'batch_size' must be >= 1, got '0'"),
         ("rm:/m,dtype=float16,dtype=float32", "option 'dtype' is given twice"),
         ("judge:m,unparsed=a,unparsed=fail", "option 'unparsed' is given twice"),
+        ("judge:m,format=text,system_prompt=,user_prompt=", "'system_prompt' needs the prompt"),
+        ("rm:/m,crosscheck=5", "option 'crosscheck' scores pairs again with transformers"),
     ],
 )
-def test_a_zero_batch_or_an_option_given_twice_is_refused(spec: str, expected: str) -> None:
+def test_a_zero_batch_an_option_given_twice_or_one_that_does_nothing_is_refused(
+    spec: str, expected: str
+) -> None:
     with pytest.raises(InputError, match=expected):
         parse_spec(spec)

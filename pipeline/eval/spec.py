@@ -186,6 +186,13 @@ class RewardModel(ScorerKind):
             raise InputError(
                 f"{own}.* options need engine={own} in the same --scorer", path="--scorer"
             )
+        if spec.opt("crosscheck") and not engine.crosschecks:
+            raise InputError(
+                "option 'crosscheck' scores pairs again with transformers to compare them with "
+                f"engine=vllm; engine={engine.name} is transformers already: leave it out",
+                path="--scorer",
+                field="crosscheck",
+            )
         other = "" if "device_map" in engine.takes else f"engine={engine.name}"
         other = "device" if spec.opt("device") else other
         if spec.opt("device_map") and other:
@@ -329,6 +336,12 @@ def parse_spec(text: str) -> ScorerSpec:
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise InputError(
                 f"unknown option '{key}' for {prefix}:{hint} (known: {', '.join(table)})",
+                path="--scorer",
+                field=key,
+            )
+        if key in PROMPT_FILE_OPTIONS and not raw.strip():
+            raise InputError(
+                f"option '{key}' needs the prompt file's path (in {text!r})",
                 path="--scorer",
                 field=key,
             )
