@@ -780,6 +780,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return 0
     n = sd.stats().get("examples") if sd.done else None
     of = f" of {n} examples" if isinstance(n, int) else ""
+    if args.stage == "pairs":  # the examples that never reached it are another stage's
+        from pipeline.orchestrate import dropped_before
+
+        for stage, reasons in dropped_before(rd).items():
+            said = ", ".join(f"{k} {v}" for k, v in reasons.items())
+            more = command_line(["prb", "inspect", args.run], args.overrides, stage=stage)
+            of += f" ({sum(reasons.values())} more dropped by the {stage} stage: {said}; `{more}`)"
     if not rejects:
         print(f"{args.stage}: nothing dropped{of}")
         return 0

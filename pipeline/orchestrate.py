@@ -442,8 +442,20 @@ def _act(
     sd.finish(stats, inputs=inputs)
     echo(f"[{name}] done: {summarize(stats)}")
     if "dropped_by_reason" in stats:
-        echo(funnel(stats))
+        echo(funnel(stats, dropped_before(ctx.run_dir)))
     return stats
+
+
+def dropped_before(rd: RunDir) -> dict[str, dict[str, int]]:
+    """The examples stages before the pair stage dropped, by stage and reason (the rubrics
+    stage's rejects: a row without a usable rubric), so the funnel starts at the input."""
+    out = {}
+    for name in ("rubrics",):
+        sd = rd.stage(name)
+        reasons = sd.stats().get("reject_reasons") if sd.done else None
+        if isinstance(reasons, dict) and any(reasons.values()):
+            out[name] = {str(k): int(v) for k, v in reasons.items() if v}
+    return out
 
 
 def _ledger(ctx: Context, name: str, llm: dict[str, Any] | None) -> dict[str, Any]:
@@ -472,9 +484,17 @@ def summarize(stats: dict[str, Any]) -> str:
     return ", ".join(parts) + f" in {stats.get('seconds', 0)}s"
 
 
-def funnel(stats: dict[str, Any]) -> str:
-    """The pair stage's funnel as text: examples in, drops by reason, pairs kept."""
-    lines = [f"  examples          {stats['examples']:6d}"]
+def funnel(stats: dict[str, Any], before: dict[str, dict[str, int]] | None = None) -> str:
+    """The pair stage's funnel as text: examples in, drops by reason, pairs kept; with
+    ``before`` (:func:`dropped_before`), the examples earlier stages dropped first."""
+    lines = []
+    if before:
+        n_before = sum(n for reasons in before.values() for n in reasons.values())
+        lines.append(f"  input             {stats['examples'] + n_before:6d}")
+        for stage, reasons in before.items():
+            for reason, n in reasons.items():
+                lines.append(f"  - {reason + ' (' + stage + ')':16s}{n:6d}")
+    lines.append(f"  examples          {stats['examples']:6d}")
     for reason, n in stats["dropped_by_reason"].items():
         if n:
             lines.append(f"  - {reason:16s}{n:6d}")

@@ -206,3 +206,29 @@ def test_a_run_that_keeps_no_pair_says_so_and_exits_5(tmp_path, smart_server, ca
     assert main([*args, "--until", "judge"]) == 0
     # the thresholds back: pairs kept, exit 0
     assert main(["run", str(cfg_path), "--no-progress"]) == 0
+
+
+def test_an_example_without_a_rubric_is_in_the_funnel_and_inspect_says_where(
+    tmp_path, smart_server, capsys
+):
+    """A row whose rubric is empty is dropped by the rubrics stage: the run's funnel starts
+    at the input and names that drop, and `prb inspect` on the pair stage points to it."""
+    from conftest import SAMPLE
+
+    rows = [json.loads(x) for x in SAMPLE.read_text(encoding="utf-8").splitlines() if x]
+    rows[0]["rubric_aspects"] = []
+    data = tmp_path / "input.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    cfg_path = write_config(tmp_path, smart_server, input={"format": "lamp", "path": str(data)})
+    assert main(["run", str(cfg_path), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    rd = RunDir(load_config(cfg_path).run_dir)
+    reasons = rd.stage("rubrics").stats()["reject_reasons"]
+    (reason,) = reasons
+    assert f"  input             {len(rows):6d}" in err
+    assert f"  - {reason + ' (rubrics)':16s}{1:6d}" in err
+    assert f"  examples          {len(rows) - 1:6d}" in err
+    assert main(["inspect", str(rd.path)]) == 0
+    out = capsys.readouterr().out
+    assert f"(1 more dropped by the rubrics stage: {reason} 1; `prb inspect " in out
+    assert "--stage rubrics`" in out
