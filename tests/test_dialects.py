@@ -471,7 +471,8 @@ def test_the_plan_counts_the_prompts_a_dialect_sends_and_the_budget_bounds_them(
     with StandinServer() as srv:
         llama_cpp_form = {"openai": {"structured_output": "json_object_schema"}}
         cfg = write_config(tmp_path, srv, input={"limit": 2}, backend=llama_cpp_form)
-        assert main(["run", str(cfg), "--no-progress"]) == 0
+        # every stage finishes (5: the two examples keep no pair; the plan is what counts)
+        assert main(["run", str(cfg), "--no-progress"]) in (0, 5)
         config = load_config(cfg)
         plan = estimate(config)
     by_stage = {e.stage: e for e in plan.stages}

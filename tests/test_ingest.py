@@ -132,7 +132,7 @@ def test_resolve_is_applied_to_paths(tmp_path: Path) -> None:
 def test_missing_path_setting_is_an_error() -> None:
     with pytest.raises(InputError) as exc:
         load_examples(InputSection(format="generic", users_path=GENERIC / "users.jsonl"))
-    assert exc.value.field == "questions_path"
+    assert exc.value.field == "input.questions_path"
 
 
 # --- generic ---------------------------------------------------------------------------

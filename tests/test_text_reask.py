@@ -59,11 +59,12 @@ def test_an_answer_still_cut_after_its_retry_is_recorded_and_dropped(tmp_path, c
         )
         # the chosen answer's request, and then its retry, are both cut
         s.inject("length", count=2, match=lambda b: _free_text(b) and _asks_chosen(b))
-        assert main(["run", str(cfg), "--no-progress"]) == 0
+        # its one example drops (truncated, below): no pair kept, exit status 5
+        assert main(["run", str(cfg), "--no-progress"]) == 5
         sent = s.request_count
         # re-doing the stage asks nothing again: the cut answer and its retry are both in
         # the cache, and the retry's answer is the model's, recorded as cut
-        assert main(["run", str(cfg), "--no-progress", "--redo", "responses"]) == 0
+        assert main(["run", str(cfg), "--no-progress", "--redo", "responses"]) == 5
         assert s.request_count == sent
     rd = RunDir(tmp_path / "outputs" / "t")
     cut = [c for c in rd.stage("responses").rows() if c["finish_reason"] == "length"]
