@@ -153,3 +153,12 @@ def test_config_reference_matches_code(capsys):
     assert main(["config", "fields", "--markdown"]) == 0
     table = capsys.readouterr().out
     assert table.strip() in doc, "regenerate docs/config.md with `make docs`"
+
+
+@pytest.mark.parametrize("key", ["run..name", ".run.name", "run.name.", "run.."])
+def test_a_set_key_with_an_empty_part_is_refused_not_read_as_another(tmp_path, key):
+    """`--set run..name=x` was read as run.name: a typo must not set a field silently."""
+    p = _write(tmp_path, {})
+    with pytest.raises(ConfigError, match="has an empty part") as exc:
+        load_config(p, [f"{key}=x"])
+    assert str(exc.value).startswith("--set: ")

@@ -22,9 +22,15 @@ def parse_override(spec: str) -> tuple[list[str], Any]:
     if "=" not in spec:
         raise ConfigError(f"--set expects key.path=value, got {spec!r}", path="--set")
     key, raw = spec.split("=", 1)
-    parts = [p for p in key.strip().split(".") if p]
-    if not parts:
+    parts = key.strip().split(".")
+    if not any(parts):
         raise ConfigError(f"--set has an empty key: {spec!r}", path="--set")
+    if not all(parts):
+        raise ConfigError(
+            f"key {key.strip()!r} has an empty part (two dots, or a dot at an end); write "
+            "it as section.field, e.g. run.name",
+            path="--set",
+        )
     try:
         value = yaml.load(raw, Loader=ConfigLoader) if raw.strip() else ""
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
