@@ -116,6 +116,10 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
         set(r["settings"]) == {"standin", "no_server", "after_pilot"}
         and r["plan_against_run"]["stages"]["judge"]["requests_sent"] > 0
     ),
+    "probe_chance": lambda r: (
+        [x["pairs"] for x in r["sizes"]] == [10, 12]
+        and all(0.5 < x["chance_highest_p95"] < 1 for x in r["sizes"])
+    ),
     "ray_scaling": lambda r: r["measured"]["by_workers"]["1"]["steady_requests_per_s"] > 0,
     "scale": _scale,
     "structured_output": _structured_output,
