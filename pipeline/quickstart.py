@@ -56,7 +56,9 @@ def run_quickstart(
     from pipeline.audit import audit
     from pipeline.orchestrate import run_pipeline
     from pipeline.publish import publish
+    from pipeline.run.outputs import check_output
 
+    check_output(output_dir, flag="--out", command="prb quickstart", folder=True)
     overrides = [f"run.output_dir={output_dir}", *(LOCAL_OVERRIDES if local else ())]
     cfg = config or load_config(quickstart_config(), overrides)
     stages = run_pipeline(cfg, progress=local, echo=echo)

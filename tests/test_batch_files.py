@@ -400,11 +400,11 @@ def test_export_replaces_only_an_earlier_export(tmp_path, server, capsys):
     mine = tmp_path / "notes.jsonl"
     mine.write_text('{"mine": 1}\n', encoding="utf-8")
     rc, said = export(cfg, mine, capsys)
-    assert rc == 1 and f"error: {mine}, line 1: exists and is not a file of batch requests" in said
+    assert rc == 1 and f"error: {mine}, field '-o': is a file `prb batch export` did not" in said
     assert mine.read_text(encoding="utf-8") == '{"mine": 1}\n'
     assert not (tmp_path / "outputs").exists(), "a stage ran before the refusal"
     rc, said = export(cfg, tmp_path, capsys)
-    assert rc == 1 and "is not a file" in said
+    assert rc == 1 and "is a folder, not a file" in said
     rc, said = export(cfg, tmp_path / "no" / "such.jsonl", capsys)
     assert rc == 1 and "does not exist" in said
     assert "Traceback" not in said

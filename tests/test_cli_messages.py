@@ -223,3 +223,29 @@ def test_a_reader_that_goes_away_stops_a_working_command_with_141(command, statu
             "stopped: the reader of this command's output went away; finished work is kept, "
             "run the same command to resume"
         )
+
+
+@pytest.mark.parametrize(
+    ("scorers", "said"),
+    [
+        (["rm:/models/a,name=mine", "rm:/models/b,name=mine"], "would share one results folder"),
+        (["rm:/models/a", "rm:/models/a"], "is given twice"),
+        (["judge:m1,name=j", "judge:m2,name=j"], "(judge-j/)"),
+    ],
+)
+def test_two_scorers_sharing_a_results_folder_are_one_line_before_anything_loads(
+    tmp_path, capsys, scorers, said
+):
+    """Two --scorer with one name= shared a results folder: the second's results.json and
+    scores.jsonl replaced the first's, the leaderboard had one row, exit 0 (issue 52). The
+    model folders do not exist: the refusal comes before any of them is looked at."""
+    split = tmp_path / "split.jsonl"
+    split.write_text("{}\n")
+    argv = ["eval", str(split)]
+    for s in scorers:
+        argv += ["--scorer", s]
+    assert main([*argv, "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --scorer: "), err
+    assert said in err[0] and "name= of its own" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["split.jsonl"]

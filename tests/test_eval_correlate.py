@@ -234,7 +234,7 @@ def test_correlate_word_and_a_split_named_correlate(
         assert said in err and "Traceback" not in err
     # the table itself as --out: refused, the table left as it was
     assert main(["eval", "correlate", "t.csv", "--out", "t.csv"]) == 1
-    assert "t.csv: is the table being read" in capsys.readouterr().err
+    assert "t.csv, field '--out': is the table being read" in capsys.readouterr().err
     assert table.read_text(encoding="utf-8") == TABLE
     # a split folder literally named correlate, without a table after it, is a split
     (tmp_path / "correlate").mkdir()

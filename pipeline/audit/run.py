@@ -16,6 +16,7 @@ from pipeline.errors import InputError, PipelineError
 from pipeline.rules import Rules
 from pipeline.run import RunDir, run_of
 from pipeline.run.layout import RELEASE_SUMMARY
+from pipeline.run.outputs import check_output
 
 GATE_ANY = "any"
 # The exit code of `prb audit --fail-on` when the gate fails (1 is an error, 2 a usage error).
@@ -112,6 +113,41 @@ def resolve_rules(
     return rules, origin
 
 
+# what `prb audit` writes into its report folder
+REPORT_FILES = ("audit.json", "audit.html", "flags.jsonl", "flags-compare.jsonl")
+_FLAG_KEYS = {"id", "check", "detail", "side", "category", "excerpt", "row"}
+
+
+def check_report_folder(out: Path, reads: list[tuple[str, Path]]) -> None:
+    """The report folder and each file the audit writes there, through the one check of
+    outputs (:func:`pipeline.run.outputs.check_output`): never a run's own files, the
+    pairs being read, or a file of these names that `prb audit` did not write."""
+    check_output(out, flag="--out", command="prb audit", folder=True, reads=reads)
+    if out.is_dir():
+        for name in REPORT_FILES:
+            check_output(out / name, flag="--out", command="prb audit", ours=_written_by_audit)
+
+
+def _written_by_audit(path: Path) -> bool:
+    """Whether ``path`` is a report file `prb audit` wrote (its shape, by name)."""
+    import json
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.name == "audit.html":
+            return 'id="figures"' in text and text.startswith("<!")
+        if path.name == "audit.json":
+            raw = json.loads(text)
+            return isinstance(raw, dict) and {"checks", "verdict", "source"} <= raw.keys()
+        return all(
+            isinstance(obj := json.loads(line), dict) and set(obj) == _FLAG_KEYS
+            for line in text.splitlines()
+            if line.strip()
+        )
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+
+
 def _default_out(path: Path, source: dict[str, Any]) -> Path:
     """A run's report/ folder for a run or its release; else beside the input."""
     rd = _run_of(path, source)
@@ -145,12 +181,11 @@ def audit(
     clock = time.perf_counter()
     path = Path(path)
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise InputError(
-            "is a file; --out takes a folder for audit.html, audit.json and flags.jsonl",
-            path=out,
-            field="--out",
-        )
+    reads = [("the pairs being audited", path)]
+    if compare is not None:
+        reads.append(("the pairs compared with", Path(compare)))
+    if out is not None:
+        check_report_folder(out, reads)
     rows, source = load_pairs(path, stale_ok=stale_ok, compact=True)
     timings["load_s"] = round(time.perf_counter() - clock, 3)
     rules, origin = resolve_rules(path, source, config, word_cap)
@@ -164,7 +199,9 @@ def audit(
         other["checks"]["rules"]["from"] = origin
         figures["compare"] = other
     clock = time.perf_counter()
-    out = out if out is not None else _default_out(path, source)
+    if out is None:
+        out = _default_out(path, source)
+        check_report_folder(out, reads)
     files = {
         "audit.json": _json_file(figures),
         "audit.html": render_html(figures),

@@ -61,10 +61,10 @@ class Pass:
         return list(self.recording.missing.values())
 
 
-def _lock(rd: RunDir) -> RunLock:
+def _lock(rd: RunDir, cfg: Config) -> RunLock:
     """The run directory's lock, taken when the folder exists (as `prb run` takes it: a
     second writer is refused at once); run_pipeline takes it after creating the folder."""
-    rd.check_writable()  # a folder of the user's is refused before anything is written
+    rd.check_writable(cfg)  # a folder of the user's is refused before anything is written
     lock = rd.lock()
     if lock.path.parent.is_dir():
         lock.acquire(create=False)
@@ -99,7 +99,7 @@ def _run_stages(
             # more and now wait for that request, which the next export asks afresh
             if not rec.retired:
                 raise
-            again = _lock(rd)
+            again = _lock(rd, cfg)
             try:
                 run_pipeline(
                     cfg, progress=progress, echo=echo, lock=again, command=command,
@@ -131,11 +131,11 @@ def export_requests(
     from pipeline.io import write_jsonl_atomic
     from pipeline.run import RunDir
 
-    check_batchfile(cfg, "export")
     if out is not None:
-        check_export_target(out)
+        check_export_target(out, cfg.source)
+    check_batchfile(cfg, "export")
     rd = RunDir(cfg.run_dir)
-    done = _run_stages(cfg, rd, _lock(rd), progress=progress, echo=echo, command=command)
+    done = _run_stages(cfg, rd, _lock(rd, cfg), progress=progress, echo=echo, command=command)
     if done.stopped is None:
         return Exported(None, None, 0)
     stage = done.stopped.stage
@@ -153,34 +153,30 @@ def export_requests(
 _REQUEST_KEYS = {"custom_id", "method", "url", "body"}
 
 
-def check_export_target(path: Path) -> None:
+def check_export_target(path: Path, config: Path | None = None) -> None:
     """``-o`` may name a new file, or replace a file of batch request lines (an earlier
-    export); never a folder or any other file: a user's file is not the project's to
-    replace. Checked before any stage runs, so a refusal leaves nothing done."""
+    export); never a run's own file, the config being run, a folder or any other file: a
+    user's file is not the project's to replace (:func:`pipeline.run.outputs.check_output`).
+    Checked before any stage runs, so a refusal leaves nothing done."""
+    from pipeline.run.outputs import check_output
+
+    reads = [("the config being run", config)] if config is not None else []
+    check_output(path, flag="-o", command="prb batch export", reads=reads, ours=_request_file)
+
+
+def _request_file(path: Path) -> bool:
+    """Whether ``path`` holds only batch request lines (what `prb batch export` writes)."""
     import json
 
-    if not path.exists():
-        if not path.parent.is_dir():
-            raise InputError(
-                f"the folder {path.parent} does not exist; create it or choose another path",
-                path=path,
-            )
-        return
-    if not path.is_file():
-        raise InputError("is not a file; give a file path to write the requests to", path=path)
     with open(path, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
+        for raw in fh:
             try:
                 obj = json.loads(raw)
             except ValueError:
-                obj = None
+                return False
             if not isinstance(obj, dict) or set(obj) != _REQUEST_KEYS:
-                raise InputError(
-                    "exists and is not a file of batch requests that `prb batch export` wrote; "
-                    "it is left as it is: choose another path, or move it away",
-                    path=path,
-                    line=n,
-                )
+                return False
+    return True
 
 
 def _next_file(rd: RunDir, stage: str) -> Path:
@@ -241,7 +237,7 @@ def import_results(
             path=files[0] if files else None,
         )
     res = Imported()
-    lock = _lock(rd)
+    lock = _lock(rd, cfg)
     try:
         with BatchState(rd.batch_state, create=True) as state:
             expected = state.asked()

@@ -224,8 +224,14 @@ _CORRELATE_DEFAULTS: dict[str, Any] = {
 def cmd_correlate(args: argparse.Namespace) -> int:
     """``prb eval correlate TABLE.csv``: print the correlations and write their JSON."""
     from pipeline.errors import InputError
-    from pipeline.eval.correlate import correlate, default_out, format_table
-    from pipeline.io import write_json_atomic
+    from pipeline.eval.correlate import (
+        correlate,
+        default_out,
+        format_table,
+        written_by_correlate,
+    )
+    from pipeline.io import path_kind, write_json_atomic
+    from pipeline.run.outputs import check_output
 
     for key, default in _CORRELATE_DEFAULTS.items():
         if getattr(args, key, default) != default:
@@ -235,15 +241,29 @@ def cmd_correlate(args: argparse.Namespace) -> int:
         raise InputError("is not an option of prb eval correlate", path="--set")
     if args.bootstrap < 1:
         raise InputError("must be at least 1", path="--bootstrap")
-    out = args.out if args.out is not None else default_out(args.table)
-    if out.is_dir():
-        raise InputError("is a folder; give the path of the JSON file to write", path=out)
-    if out.resolve() == Path(args.table).resolve():
-        raise InputError("is the table being read; give another path for the JSON", path=out)
+    # the default goes beside the table; a table read from a pipe (`<(cat t.csv)`, a
+    # /dev/fd path) has no folder of its own, so its JSON is written only to --out
+    kind = path_kind(args.table)
+    out = args.out if args.out is not None or kind != "a file" else default_out(args.table)
+    if out is not None:
+        check_output(
+            out,
+            flag="--out",
+            command="prb eval correlate",
+            reads=[("the table being read", args.table)],
+            ours=written_by_correlate,
+        )
     res = correlate(args.table, n_boot=args.bootstrap, seed=args.seed)
-    write_json_atomic(out, res)
     print(f"correlations in {res['table']} ({res['models']} models)")
     print(format_table(res))
+    if out is None:
+        print(
+            f"note: the table is {kind}, with no folder to write its results beside; they "
+            "are printed above only: give --out FILE.json to keep them as JSON",
+            file=sys.stderr,
+        )
+        return 0
+    write_json_atomic(out, res)
     print(f"results: {out}")
     return 0
 
@@ -269,6 +289,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError("give the split to evaluate (a release, run directory or file)")
     if str(args.split) == CORRELATE and not args.scorer and not args.split.exists():
         raise InputError("give the table right after the word: prb eval correlate TABLE.csv")
+    if args.out is not None:  # the one check of outputs, before anything else
+        from pipeline.eval.results import check_root
+
+        reads = [("the split being evaluated", args.split)]
+        check_root(
+            args.out, reads + ([("the config being run", args.config)] if args.config else [])
+        )
     if not args.scorer:
         raise InputError(
             "give at least one --scorer rm:MODEL_FOLDER or --scorer judge:MODEL", path="--scorer"
@@ -277,13 +304,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError("must be at least 1", path="--bootstrap")
     if args.limit is not None and args.limit < 1:
         raise InputError("must be at least 1", path="--limit")
-    from pipeline.eval.evaluate import evaluate
+    from pipeline.eval.evaluate import check_one_folder_each, evaluate
     from pipeline.eval.spec import parse_spec
 
     specs = [parse_spec(s) for s in args.scorer]  # every spec checked before any model loads
+    cfg = _config(args)
+    check_one_folder_each(specs, cfg)
     for spec in specs:
         spec.scorer.preflight(spec)  # model folders, extras: before the split loads
-    cfg = _config(args)
     settings = list(dict.fromkeys(args.setting or ("question", "profile")))
     results = evaluate(
         args.split,

@@ -361,3 +361,16 @@ def default_out(path: str | Path) -> Path:
     """Where the JSON goes without ``--out``: ``<table>-correlate.json`` beside the table."""
     p = Path(path)
     return p.with_name(f"{p.stem}-correlate.json")
+
+
+def written_by_correlate(path: Path) -> bool:
+    """Whether the file at ``path`` is a JSON result of ``prb eval correlate`` (which
+    ``--out`` may replace): an object with the keys :func:`correlate` writes."""
+    import json
+
+    try:
+        with open(path, "rb") as fh:
+            raw = json.loads(fh.read(64 * 1024 * 1024))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(raw, dict) and {"table", "table_sha256", "correlations"} <= raw.keys()

@@ -25,7 +25,7 @@ from pipeline.eval.data import (
     usable_settings,
     user_turn,
 )
-from pipeline.eval.results import SCHEMA_VERSION, default_root, write_results
+from pipeline.eval.results import SCHEMA_VERSION, check_root, default_root, write_results
 from pipeline.eval.spec import ScorerSpec, check_prompt_settings
 from pipeline.prompts import load_template
 from pipeline.registry import load_target
@@ -225,6 +225,33 @@ def score_judge(job: Job) -> Scored:
     return got
 
 
+def judge_model_of(spec: ScorerSpec, cfg: Any) -> str:
+    """The model a judge spec names, or the config's (``judge:`` alone)."""
+    return spec.target or cfg.judge.model or cfg.backend.model
+
+
+def check_one_folder_each(specs: Sequence[ScorerSpec], cfg: Any) -> None:
+    """Two scorers of one ``prb eval`` must not share a results folder (two ``name=`` alike,
+    or one spec twice): the second would replace the first's results.json and scores.jsonl
+    and the leaderboard would hold one row. One line, before anything loads."""
+    seen: dict[str, ScorerSpec] = {}
+    for spec in specs:
+        slug = spec.slug(judge_model_of(spec, cfg))
+        first = seen.setdefault(slug, spec)
+        if first is not spec:
+            same = first.text == spec.text
+            raise InputError(
+                (
+                    f"'{spec.text}' is given twice"
+                    if same
+                    else f"'{first.text}' and '{spec.text}' would share one results folder "
+                    f"({slug}/), and the second would replace the first's results"
+                )
+                + "; give each scorer once, with a name= of its own",
+                path="--scorer",
+            )
+
+
 def evaluate_one(
     pairs: list[EvalPair],
     settings: list[str],
@@ -242,7 +269,7 @@ def evaluate_one(
     leaderboards; returns every setting's figures, with the paths written under
     ``outputs``."""
     start = time.perf_counter()
-    judge_model = spec.target or cfg.judge.model or cfg.backend.model
+    judge_model = judge_model_of(spec, cfg)
     slug = spec.slug(judge_model)
     job = Job(pairs, settings, spec, cfg, root / slug, n_boot, seed, progress)
     got: Scored = load_target(spec.scorer.evaluator)(job)
@@ -296,6 +323,12 @@ def evaluate(
     stale_ok: bool = False,
 ) -> list[dict[str, Any]]:
     """Evaluate every scorer on the split at ``path``; returns each scorer's results."""
+    check_one_folder_each(specs, cfg)
+    reads = [("the split being evaluated", Path(path))]
+    if cfg is not None and cfg.source is not None:
+        reads.append(("the config being run", cfg.source))
+    if out is not None:
+        check_root(Path(out), reads)  # before the split loads
     pairs, split = load_split(path, cfg, limit, stale_ok=stale_ok)
     usable, skipped = usable_settings(pairs, list(settings))
     if not usable:
@@ -304,6 +337,8 @@ def evaluate(
     for spec in specs:  # a prompt file without a place for a setting: before anything runs
         check_prompt_settings(spec, usable)
     root = Path(out) if out is not None else default_root(path)
+    if out is None:
+        check_root(root, reads)
     return [
         evaluate_one(
             pairs,

@@ -41,6 +41,7 @@ from pipeline.fields import show, show_ci
 from pipeline.io import read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from pipeline.run import run_of
 from pipeline.run.layout import LOCK
+from pipeline.run.outputs import check_output
 
 RESULTS_FILE = "results.json"
 SCORES_FILE = "scores.jsonl"
@@ -58,6 +59,27 @@ def default_root(path: str | Path) -> Path:
         return run.eval_dir
     name = path.stem if path.is_file() else path.name
     return path.with_name(f"{name}-eval")
+
+
+def check_root(root: Path, reads: list[tuple[str, Path]]) -> None:
+    """The eval root and the leaderboard files in it, through the one check of outputs
+    (:func:`pipeline.run.outputs.check_output`): never a run's own files or folders, what
+    is being read, or a leaderboard file `prb eval` did not write."""
+    check_output(root, flag="--out", command="prb eval", folder=True, reads=reads)
+    if root.is_dir():
+        for name in (LEADERBOARD_JSONL, LEADERBOARD_MD):
+            check_output(root / name, flag="--out", command="prb eval", ours=_written_by_eval)
+
+
+def _written_by_eval(path: Path) -> bool:
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.name == LEADERBOARD_MD:
+            return text.startswith("# Evaluation leaderboard\n")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return all(isinstance(r, dict) and {"scorer", "setting"} <= r.keys() for r in rows)
 
 
 def results_path(slug: str, setting: str) -> str:

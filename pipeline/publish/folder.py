@@ -25,6 +25,7 @@ from pipeline.errors import InputError
 from pipeline.io import fsync_dir, read_json
 from pipeline.run import RunDir
 from pipeline.run.layout import RELEASE_ALL, RELEASE_MARKER, RELEASE_SUMMARY
+from pipeline.run.outputs import check_output
 
 FLAG = "--out"
 
@@ -68,6 +69,9 @@ def check_out_dir(out: Path, rd: RunDir, *, default: bool, force: bool) -> str |
     full = _real(out)
     run = _real(rd.path)
     if not default:
+        # a run's own files and folders, whatever run: the one check of outputs
+        own = full == _real(rd.release_dir)
+        check_output(out, flag=FLAG, command="prb publish", folder=True, release_ok=own)
         if full == run or run.is_relative_to(full):
             raise InputError(
                 f"holds the run directory {run}; publishing there would replace the run. "
