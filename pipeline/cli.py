@@ -350,7 +350,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         # a second writer is refused before the stage machinery is even imported
         rd = RunDir(cfg.run_dir)
-        rd.check_writable()  # a folder of the user's is refused before anything is written
+        rd.check_writable(cfg)  # a folder of the user's is refused before anything is written
         lock = rd.lock()
         if lock.path.parent.is_dir():
             lock.acquire(create=False)

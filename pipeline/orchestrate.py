@@ -338,7 +338,7 @@ def run_pipeline(
     existed = os.path.lexists(rd.path)
     lock = lock or rd.lock()
     if existed:
-        rd.check_writable()  # a folder of the user's is refused before the lock file
+        rd.check_writable(config)  # a folder of the user's is refused before the lock file
         lock.acquire()
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -353,7 +353,7 @@ def run_pipeline(
             # process may create the folder meanwhile, so plan again under the lock
             rd.path.mkdir(parents=True, exist_ok=True)
             lock.acquire()
-            rd.check_writable()
+            rd.check_writable(config)
             ctx.fingerprints.clear()
             plans = make_plan(ctx, stages, names, redo, command)
         # the plan goes ahead: from here on the run directory changes
@@ -361,9 +361,7 @@ def run_pipeline(
         removed = remove_strays(rd.path)
         if removed:
             echo(f"removed {removed} temporary files left by an interrupted run")
-        rd.write_config(
-            "# Resolved config of this run (secrets are never written here).\n" + config.to_yaml()
-        )
+        rd.write_config(rd.resolved_config(config))
         # environment.json describes the latest invocation; each stage.json keeps the one
         # that ran that stage, since a run may be generated on a GPU machine and resumed
         # elsewhere.

@@ -253,3 +253,36 @@ def test_a_missing_ranker_extra_is_one_line_before_anything_is_written(
         assert "profile.ranker 'contriever'" in line, line
         assert "pip install 'personalized-rewardbench[contriever]'" in line, line
         assert list((tmp_path / "outputs").iterdir()) == []  # no run folder was made
+
+
+@pytest.mark.parametrize("how", ["in the file", "--set run.name"])
+def test_a_config_that_is_its_own_runs_run_yaml_is_never_written_over(
+    tmp_path, server, capsys, how
+):
+    """A user's config named run.yaml, in the folder its own run.output_dir/run.name point
+    at (`output_dir: ..`, `name: study`, the file in study/), was adopted as a run and the
+    resolved config written over it: comments, order and relative paths lost (issue 52)."""
+    study = tmp_path / "study"
+    study.mkdir()
+    mine = study / "run.yaml"
+    body = write_config(tmp_path, server, **SMALL).read_text()
+    name = "study" if how == "in the file" else "other"
+    body = body.replace(f"output_dir: {tmp_path / 'outputs'}", "output_dir: ..")
+    body = body.replace("name: t\n", f"name: {name}\n")
+    mine.write_text("# my study: keep this comment\n" + body)
+    overrides = [] if how == "in the file" else ["--set", "run.name=study"]
+    before = disk_state(tmp_path)
+    batch = ["--set", "backend.name=batchfile", "--no-progress"]
+    for command, extra in (("run", ["--no-progress"]), ("plan", []), ("batch export", batch)):
+        assert main([*command.split(), str(mine), *overrides, *extra]) == 1
+        line = _one_error_line(capsys)
+        assert line.startswith(f"error: {mine.resolve()}: is the run.yaml of its own run"), line
+        assert disk_state(tmp_path) == before, command  # every byte of the file, no .lock
+    # a run's own resolved run.yaml is its config exactly: running it again changes nothing
+    cfg = write_config(tmp_path, server, **SMALL)
+    assert main(["run", str(cfg), "--no-progress"]) == 0
+    resolved = tmp_path / "outputs" / "t" / "run.yaml"
+    text = resolved.read_bytes()
+    assert main(["run", str(resolved), "--no-progress"]) == 0
+    assert resolved.read_bytes() == text
+    capsys.readouterr()

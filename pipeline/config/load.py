@@ -57,6 +57,20 @@ def _plain_words(e: Any) -> str:
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         got = _shown(e.get("input"))
         return f"must be a section of settings (indented `key: value` lines), got {got}"
+    if kind == "string_type" and isinstance(e.get("input"), (bool, int, float)):
+        # YAML read a plain word as a number (2024, 0755 -> 493, 1e3) or a bool (yes, on):
+        # the same hint a date gets
+        got = e["input"]
+        what = (
+            "a true/false value (yes, no, on, off...)"
+            if isinstance(got, bool)
+            else "a number (a leading 0: an octal one)"
+        )
+        shown = str(got).lower() if isinstance(got, bool) else str(got)
+        return (
+            f"must be text, got {shown}: YAML reads the value as {what}; quote it to make it "
+            'text ("..." in the file, --set \'key="..."\' on the command line)'
+        )
     if kind in ("int_parsing", "int_type", "int_from_float"):
         msg = "Input should be a whole number"
     elif kind in ("float_parsing", "float_type"):
@@ -146,6 +160,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         for secret in url_secrets(url) if url else []:
             register_value(secret)
     cfg.set_base_dir(path.resolve().parent)  # before the checks that look at the run dir
+    cfg.set_source(path.resolve())
     check_consistency(cfg, source)
     check_judge_off(cfg, source)
     check_prompt_files(cfg, source)

@@ -608,9 +608,21 @@ class Config(_Section):
     # Where the config file lives; relative input paths resolve against it.
     _base_dir: Path = Path(".")
 
+    # The config file this config was read from (resolved); None when built in code.
+    _source: Path | None = None
+
     def set_base_dir(self, folder: Path) -> None:
         """Resolve relative paths of this config against ``folder`` (the config file's)."""
         self._base_dir = folder
+
+    def set_source(self, path: Path) -> None:
+        """Record the config file this config was read from (``load_config``)."""
+        self._source = Path(path)
+
+    @property
+    def source(self) -> Path | None:
+        """The config file this config was read from; None when it was built in code."""
+        return self._source
 
     def resolve_input(self, p: Path | None) -> Path | None:
         """A path from the config: relative ones are the config file's folder's."""

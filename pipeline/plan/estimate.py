@@ -259,7 +259,7 @@ def estimate(
     # a fresh plan looks at a run directory that is not there (nothing is created)
     rd = RunDir(config.run_dir / ".prb-plan-fresh" if fresh else config.run_dir)
     if not fresh:
-        rd.check_writable()  # a folder `prb run` would refuse is refused here the same way
+        rd.check_writable(config)  # a folder `prb run` would refuse is refused here the same way
     ctx = Context(config=config, run_dir=rd, progress=False, planned_rows={})
     has_cache = rd.cache_path.is_file()
     ctx.use_cache(RequestCache(rd.cache_path, readonly=True) if has_cache else NoCache())

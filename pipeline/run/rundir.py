@@ -122,6 +122,13 @@ class RunDir:
     def write_config(self, text: str) -> None:
         write_text_atomic(self.config_path, text)
 
+    @staticmethod
+    def resolved_config(config: Config) -> str:
+        """What ``prb run`` writes to run.yaml: the resolved config, no secrets."""
+        return "# Resolved config of this run (secrets are never written here).\n" + (
+            config.to_yaml()
+        )
+
     def write_environment(self, env: dict[str, Any]) -> None:
         write_json_atomic(self.environment_path, env)
 
@@ -238,13 +245,17 @@ class RunDir:
             return "no marker, run.yaml, cache.sqlite or stage folders"
         return None
 
-    def check_writable(self) -> None:
+    def check_writable(self, config: Config | None = None) -> None:
         """Refuse, before anything is written, a folder `prb run` must not write into: one
         that exists and is neither empty nor a run (a folder of the user's, whose files a
-        re-done stage could otherwise replace), or a path that is not a folder."""
+        re-done stage could otherwise replace), or a path that is not a folder. With
+        ``config``: also a config file that is this folder's run.yaml (``prb run`` would
+        write the resolved config over it), unless it already is that resolved config."""
         p = self.path
         if not os.path.lexists(p):
             return
+        if config is not None:
+            self._check_config_outside(config)
         fix = "set run.output_dir or run.name to a new or empty folder, or to an earlier run"
         if not p.is_dir():
             raise InputError(f"the run directory is {_kind(p)}, not a folder; {fix}", path=p)
@@ -265,6 +276,26 @@ class RunDir:
                 f"exists and is not a run directory ({why}); `prb run` writes only into a "
                 f"new or empty folder or an earlier run, so nothing was written: {fix}",
                 path=p.resolve(),
+            )
+
+    def _check_config_outside(self, config: Config) -> None:
+        source = config.source
+        if source is None or not self.config_path.is_file():
+            return
+        if os.path.realpath(source) != os.path.realpath(self.config_path):
+            return
+        try:
+            same = self.config_path.read_text(encoding="utf-8") == self.resolved_config(config)
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if not same:
+            raise InputError(
+                f"is the {layout.RUN_CONFIG} of its own run directory {self.shown} "
+                "(run.output_dir/run.name), where `prb run` writes the resolved config: "
+                "your comments, order and relative paths would be lost, so nothing was "
+                "written. Move the config out of that folder or rename it, or point "
+                "run.output_dir / run.name at another folder",
+                path=source,
             )
 
     def mark(self) -> None:
