@@ -162,3 +162,27 @@ def test_a_set_key_with_an_empty_part_is_refused_not_read_as_another(tmp_path, k
     with pytest.raises(ConfigError, match="has an empty part") as exc:
         load_config(p, [f"{key}=x"])
     assert str(exc.value).startswith("--set: ")
+
+
+@pytest.mark.parametrize(
+    ("value", "got", "what"),
+    [
+        ("2024", "got 2024", "as a number"),
+        ("0755", "got 493", "octal"),
+        ("yes", "got true", "true/false"),
+        ("2024-01-01", "", "is a date"),
+    ],
+)
+def test_yaml_reading_a_name_as_a_number_or_a_bool_gets_the_quote_hint(tmp_path, value, got, what):
+    """`--set run.name=2024` / `=0755` / `=yes`: YAML's number, octal and bool get the hint
+    a date gets (quote it), in the file and on the command line, in one line."""
+    p = _write(tmp_path, f"run:\n  name: {value}\n")
+    for overrides in ([], [f"run.name={value}"]):
+        src = _write(tmp_path, {}) if overrides else p
+        with pytest.raises(ConfigError) as exc:
+            load_config(src, overrides)
+        line = str(exc.value)
+        assert "field 'run.name'" in line and got in line and what in line, line
+        assert "quote it" in line and "\n" not in line
+    # quoted, it is text
+    assert load_config(_write(tmp_path, {}), [f'run.name="{value}"']).run.name == value

@@ -140,6 +140,11 @@ def test_device_map_cpu_loads_through_accelerate(
         ("device_map=banana", "option 'device_map=banana' is not a device torch knows"),
         ("device=cuda:99", "cuda:99"),
         ("device_map=cuda:99", "cuda:99"),
+        # a command copied from a Mac: torch's "not linked with support for mps devices"
+        # came as a traceback after the model loaded (issue 52)
+        ("device=mps", "cannot use a 'mps' device on this machine; use device=cpu"),
+        ("device_map=mps", "cannot use a 'mps' device"),
+        ("device=xpu", "cannot use a 'xpu' device"),
     ],
 )
 def test_a_device_torch_cannot_use_is_one_line_before_anything_loads(

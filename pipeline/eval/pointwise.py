@@ -99,6 +99,17 @@ def check_device(value: str, option: str) -> None:
             path="--scorer",
             field=option,
         ) from None
+    if device.type not in ("cpu", "cuda") and not _available(torch, device.type):
+        # mps on a machine (or a torch build) without it, xpu, meta...: torch would refuse
+        # only after the model loaded, with a traceback
+        raise InputError(
+            f"option '{option}={value}': torch {torch.__version__} cannot use a "
+            f"'{device.type}' device on this machine; use {option}=cpu"
+            + (", a cuda device" if torch.cuda.is_available() else "")
+            + " or leave the option out",
+            path="--scorer",
+            field=option,
+        )
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
@@ -115,6 +126,18 @@ def check_device(value: str, option: str) -> None:
                 path="--scorer",
                 field=option,
             )
+
+
+def _available(torch: Any, kind: str) -> bool:
+    """Whether this torch can place tensors on a device of ``kind`` (mps, xpu...) here."""
+    if kind == "mps":
+        backend = getattr(torch.backends, "mps", None)
+        return bool(backend is not None and backend.is_available())
+    probe = getattr(getattr(torch, kind, None), "is_available", None)
+    try:
+        return bool(callable(probe) and probe())
+    except (RuntimeError, AssertionError):
+        return False
 
 
 def _first_device(model: Any) -> Any:
