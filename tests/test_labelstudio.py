@@ -539,3 +539,45 @@ def test_round_projects_are_found_by_title(tmp_path, ls_server, client):
         p.title for p in client.projects.list(page_size=100) if run_dir.name in p.title
     )
     assert all(n == 1 for n in counts.values())
+
+
+def test_the_rounds_project_shows_the_guidelines_to_annotators(tmp_path, ls_server, client):
+    """The project was created with expert_instruction '' and show_instruction False, and
+    the labeling page defined none of the choices (issue 52). Read back from the server:
+    the instructions are annotation/guidelines.md (opened before the first task), and the
+    labeling config carries each definition. A project made before this (no instructions)
+    gets them on the next export; instructions written in Label Studio are kept."""
+    from pipeline.annotate.tasks import guidelines_html
+
+    run_dir, _ = _run(tmp_path, 12)
+    cfg = _config(tmp_path, ls_server, sample_size=5, gold_tasks=1)
+    pid = export_round(cfg, run_dir, 1, client=client)["project_id"]
+    project = client.projects.get(id=pid)
+    assert project.show_instruction is True
+    shown = project.expert_instruction or ""
+    assert shown == guidelines_html()
+    for words in (
+        "<strong>both bad</strong>",
+        "<strong>general quality differs</strong>",
+        "<strong>rubric unclear</strong>",
+        "Do <strong>not</strong> reward length",
+    ):
+        assert words in shown, words  # fmt: skip
+    config = project.label_config or ""
+    for words in (
+        "both bad: neither answer is acceptable",
+        "general quality differs: one",
+        "rubric unclear: the rubric is vague",
+        "Do not reward length, polish",
+    ):
+        assert words in config, words  # fmt: skip
+
+    # an older round's project, without instructions: filled in by the next export
+    client.projects.update(id=pid, expert_instruction="", show_instruction=False)
+    export_round(cfg, run_dir, 1, client=client)
+    again = client.projects.get(id=pid)
+    assert again.expert_instruction == shown and again.show_instruction is True
+    # instructions someone wrote in Label Studio are theirs
+    client.projects.update(id=pid, expert_instruction="<p>ours</p>")
+    export_round(cfg, run_dir, 1, client=client)
+    assert client.projects.get(id=pid).expert_instruction == "<p>ours</p>"

@@ -25,6 +25,7 @@ from pipeline.annotate.errors import LabelStudioError
 from pipeline.annotate.tasks import (
     RoundPlan,
     build_round,
+    guidelines_html,
     label_config,
     project_title,
     public_task,
@@ -134,13 +135,25 @@ def find_or_create_project(
 
     ``overlap`` is how many annotators Label Studio hands each task to.
     """
+    guidelines = guidelines_html()
     project = find_project(client, title)
     if project is not None:
+        if not (project.expert_instruction or "").strip():
+            # a round exported before the guidelines were sent: fill them in (never over
+            # instructions someone wrote in Label Studio)
+            project = client.projects.update(
+                project.id, expert_instruction=guidelines, show_instruction=True
+            )
         return project, False
     project = client.projects.create(
         title=title,
         description=description,
         label_config=label_config(),
+        # annotation/guidelines.md, opened before an annotator's first task and from the
+        # labeling page: when to pick tie or both bad, what the flags mean, and not to
+        # reward length or polish on their own
+        expert_instruction=guidelines,
+        show_instruction=True,
         show_skip_button=True,
         maximum_annotations=overlap,
     )
@@ -222,6 +235,7 @@ def export_round(
         "tasks": len(plan.tasks),
         "pairs": plan.n_pairs,
         "gold": plan.n_gold,
+        "gold_note": plan.gold_note,
         "excluded_from_earlier_rounds": plan.excluded,
         "strata": plan.strata,
         "stratify_by": list(config.annotation.stratify_by),

@@ -49,6 +49,87 @@ def label_config() -> str:
     return (data_dir("annotation") / LABEL_CONFIG_FILE).read_text(encoding="utf-8")
 
 
+GUIDELINES_FILE = "guidelines.md"
+
+
+def guidelines_html() -> str:
+    """annotation/guidelines.md as the HTML Label Studio shows annotators (a project's
+    ``expert_instruction``, opened before the first task and from the labeling page)."""
+    text = (data_dir("annotation") / GUIDELINES_FILE).read_text(encoding="utf-8")
+    return markdown_html(text)
+
+
+def _inline(text: str) -> str:
+    import html
+    import re
+
+    out = html.escape(text, quote=False)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", out)
+    return re.sub(r"(?<![*\w])\*([^*\s][^*]*?)\*(?![*\w])", r"<em>\1</em>", out)
+
+
+def markdown_html(text: str) -> str:
+    """The Markdown the guidelines use, as HTML: headings, paragraphs, bullet and numbered
+    lists (an item may run over several lines), pipe tables, bold, italics and code.
+    Everything else is escaped text: nothing in the file becomes markup by accident."""
+    import re
+
+    blocks: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+            continue
+        heading = re.match(r"^(#{1,6})\s+(.*)$", line)
+        if heading:
+            n = len(heading.group(1))
+            blocks.append(f"<h{n}>{_inline(heading.group(2).strip())}</h{n}>")
+            i += 1
+            continue
+        if line.lstrip().startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+                if not all(re.fullmatch(r":?-+:?", c) for c in cells):
+                    rows.append(cells)
+                i += 1
+            head, *body = rows
+            html_rows = ["<tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"]
+            html_rows += [
+                "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body
+            ]
+            # <tbody> written out: Label Studio's sanitizer adds it, so what the server
+            # keeps is what was sent
+            blocks.append("<table><tbody>" + "".join(html_rows) + "</tbody></table>")
+            continue
+        item = re.match(r"^(-|\d+\.)\s+(.*)$", line)
+        if item:
+            tag = "ul" if item.group(1) == "-" else "ol"
+            items: list[str] = []
+            while i < len(lines) and lines[i].strip():
+                m = re.match(r"^(-|\d+\.)\s+(.*)$", lines[i])
+                if m:
+                    items.append(m.group(2).strip())
+                else:
+                    items[-1] += " " + lines[i].strip()
+                i += 1
+            blocks.append(
+                f"<{tag}>" + "".join(f"<li>{_inline(x)}</li>" for x in items) + f"</{tag}>"
+            )
+            continue
+        para = []
+        while (
+            i < len(lines) and lines[i].strip() and not re.match(r"^(#|\||-\s|\d+\.\s)", lines[i])
+        ):
+            para.append(lines[i].strip())
+            i += 1
+        blocks.append(f"<p>{_inline(' '.join(para))}</p>")
+    return "\n".join(blocks)
+
+
 def project_title(run_dir: str | Path, round_no: int) -> str:
     """The round's project title; the export finds an existing project by it."""
     return f"prb {Path(run_dir).resolve().name} round {round_no}"
@@ -222,35 +303,88 @@ def gold_count(gold_tasks: int, pairs: int, sample_size: int) -> int:
     return -(-gold_tasks * pairs // sample_size)
 
 
-def pick_gold(
-    pairs: Sequence[dict], n: int, seed: int, *, avoid: Iterable[str] = ()
-) -> list[tuple[dict, dict]]:
-    """``n`` (base pair, distractor pair) couples for attention checks.
+def _shown_texts(pair: dict) -> set[str]:
+    """What a pair's own task shows that could give a gold task away: its question and
+    both answers (whitespace-normalised)."""
+    return {" ".join(str(pair.get(k) or "").split()) for k in ("question", "chosen", "rejected")}
 
-    The distractor answers an unrelated question from another category (another example
-    when the run has one category only); bases avoid the round's sample and earlier
-    rounds' pairs while enough others exist.
-    """
-    if n <= 0 or len(pairs) < 2:
+
+def pick_gold(
+    pairs: Sequence[dict],
+    n: int,
+    seed: int,
+    *,
+    shown: Sequence[dict] = (),
+    avoid: Iterable[str] = (),
+) -> list[tuple[dict, dict]]:
+    """Up to ``n`` (base pair, distractor pair) couples for attention checks, from pairs
+    outside the round.
+
+    A gold task shows a base pair's question and chosen answer beside a distractor's chosen
+    answer to an unrelated question (another category; another example when the run has
+    one category only). None of the three may appear in the round's other tasks (``shown``:
+    the round's pairs) or in another gold task, so a gold task never repeats a real task's
+    question or answers two tasks apart; each pair serves one gold task at most. Pairs of
+    earlier rounds (``avoid``) are used after the others. Fewer than ``n`` when the pairs
+    outside the round run out (:func:`gold_shortfall` says why)."""
+    if n <= 0:
         return []
     avoid = set(avoid)
+    taken = {p["pair_id"] for p in shown}
+    seen: set[str] = set()
+    for p in shown:
+        seen |= _shown_texts(p)
     ranked = sorted(pairs, key=lambda p: _rank(seed, "gold", p["pair_id"]))
-    bases = [p for p in ranked if p["pair_id"] not in avoid]
-    bases += [p for p in ranked if p["pair_id"] in avoid]
-    out = []
-    for base in bases[:n]:
-        others = [q for q in pairs if q.get("category") != base.get("category")]
+    pool = [p for p in ranked if p["pair_id"] not in taken and p["pair_id"] not in avoid]
+    pool += [p for p in ranked if p["pair_id"] not in taken and p["pair_id"] in avoid]
+
+    def text(p: dict, k: str) -> str:
+        return " ".join(str(p.get(k) or "").split())
+
+    out: list[tuple[dict, dict]] = []
+    for base in pool:
+        if len(out) == n:
+            break
+        shows = {text(base, "question"), text(base, "chosen")}
+        if base["pair_id"] in taken or shows & seen:
+            continue
+        free = [
+            q
+            for q in pool
+            if q["pair_id"] not in taken
+            and q["pair_id"] != base["pair_id"]
+            and text(q, "chosen") not in seen | shows
+            and text(q, "question") != text(base, "question")
+        ]
+        others = [q for q in free if q.get("category") != base.get("category")]
         if not others:
-            others = [
-                q
-                for q in pairs
-                if q["example_id"] != base["example_id"] and q["question"] != base["question"]
-            ]
+            others = [q for q in free if q["example_id"] != base["example_id"]]
         if not others:
             continue
         distractor = min(others, key=functools.partial(_decoy_rank, seed, base["pair_id"]))
         out.append((base, distractor))
+        taken |= {base["pair_id"], distractor["pair_id"]}
+        seen |= shows | {text(distractor, "chosen")}
     return out
+
+
+def gold_shortfall(wanted: int, made: int, pairs: int, in_round: int) -> str | None:
+    """Why a round has fewer gold tasks than ``annotation.gold_tasks`` gives it, in one
+    line (printed by the export and kept in the round's export.json); None when it has
+    them all."""
+    if made >= wanted:
+        return None
+    outside = pairs - in_round
+    if made == 0:
+        head = "no gold attention check in this round"
+    else:
+        head = f"{made} of {wanted} gold attention checks in this round"
+    return (
+        f"{head}: a gold task is made of two kept pairs outside the round (its question and "
+        f"answers must not appear in the round's other tasks), and {outside} of the run's "
+        f"{pairs} kept pairs {'is' if outside == 1 else 'are'} outside it; a smaller "
+        f"annotation.sample_size leaves pairs for them"
+    )
 
 
 # ---- what the annotator sees ---------------------------------------------------------------
@@ -341,6 +475,7 @@ class RoundPlan:
     excluded: int
     n_pairs: int
     n_gold: int
+    gold_note: str | None = None  # why it has fewer gold tasks than asked (gold_shortfall)
 
     def keys(self) -> list[str]:
         return [t["data"]["task_key"] for t in self.tasks]
@@ -365,9 +500,8 @@ def build_round(
     sample = stratified_sample(
         data.pairs, sample_size, stratify_by, seed, exclude=earlier, levels=levels
     )
-    picked = {p["pair_id"] for p in sample.pairs}
     n_gold = gold_count(gold_tasks, len(sample.pairs), sample_size)
-    gold = pick_gold(data.pairs, n_gold, seed, avoid=earlier | picked)
+    gold = pick_gold(data.pairs, n_gold, seed, shown=sample.pairs, avoid=earlier)
 
     tasks = [make_task(p, round_no=round_no, seed=seed) for p in sample.pairs]
     for base, decoy in gold:
@@ -382,4 +516,5 @@ def build_round(
         excluded=len(earlier),
         n_pairs=len(sample.pairs),
         n_gold=len(gold),
+        gold_note=gold_shortfall(n_gold, len(gold), len(data.pairs), len(sample.pairs)),
     )
