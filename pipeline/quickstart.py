@@ -149,8 +149,13 @@ def next_steps(res: dict[str, Any]) -> str:
         f'       ds = datasets.load_dataset("{release}", "all", split="test")',
         f"  3. See what a filter dropped and why: {prb} inspect {run_dir}",
         f"  4. The round-1 task file ({_shown_path(ann['tasks_file'])}) holds "
-        f"{ann['pairs']} pairs and {ann['gold']} gold attention "
-        f"check{'s' if ann['gold'] != 1 else ''}:",
+        + (
+            f"{ann['pairs']} pairs and {ann['gold']} gold attention "
+            f"check{'s' if ann['gold'] != 1 else ''}:"
+            if ann["gold"]
+            else f"{ann['pairs']} pairs and no gold attention check (every kept pair is in "
+            "the round, and a gold task is made of pairs outside it):"
+        ),
         "     a task with a known answer that measures annotator attention. Running a round "
         "in Label Studio: annotation/README.md",
     ]

@@ -285,20 +285,78 @@ def test_gold_tasks_pair_an_on_topic_answer_with_an_unrelated_one(run):
 
 
 @pytest.mark.parametrize(
-    ("pairs", "gold"),
-    [(220, 10), (200, 10), (10, 1), (30, 2), (2, 1)],
+    ("pairs", "sample_size", "gold"),
+    [(400, 200, 10), (260, 200, 10), (30, 10, 1), (60, 30, 2), (12, 2, 1)],
 )
-def test_a_smaller_round_gets_the_same_share_of_gold_tasks(tmp_path, pairs, gold):
-    """The defaults (10 gold tasks in a round of 200 pairs) on runs of every size: a full
-    round keeps its 10, a 10-pair round gets 1 (not 10 beside 10 pairs), 30 pairs get 2;
-    every round with a pair has one (a gold task needs a second pair as its decoy)."""
+def test_a_smaller_round_gets_the_same_share_of_gold_tasks(tmp_path, pairs, sample_size, gold):
+    """The share of gold tasks (10 in a round of 200 pairs): a full round keeps its 10, a
+    10-pair round gets 1 (not 10 beside 10 pairs), 30 pairs get 2, every round with a pair
+    one; here each run has enough pairs outside the round to make them from."""
+    from pipeline.annotate.tasks import gold_count
+
+    assert [gold_count(10, n, 200) for n in (220, 200, 10, 30, 2)] == [10, 10, 1, 2, 1]
     run_dir = tmp_path / "synthetic"
     make_synthetic_run(run_dir, pairs)
-    config = make_config(tmp_path, sample_size=200, gold_tasks=10)
+    config = make_config(
+        tmp_path, sample_size=sample_size, gold_tasks=gold_count(10, sample_size, 200)
+    )
     done = export_round(config, run_dir, 1, file_only=True)
     tasks = json.loads(Path(done["tasks_file"]).read_text())
     assert sum(t["data"]["gold"] for t in tasks) == done["gold"] == gold
-    assert done["pairs"] == min(pairs, 200) == len(tasks) - gold
+    assert done["pairs"] == sample_size == len(tasks) - gold
+    assert done["gold_note"] is None
+
+
+@pytest.mark.parametrize("pairs", [3, 10, 200])
+def test_a_round_holding_every_pair_has_no_gold_and_says_so(tmp_path, pairs, capsys):
+    """Sample round 1 (fewer kept pairs than annotation.sample_size) showed its gold task's
+    question and Answer A two tasks from the real task of the same pair, and its off-topic
+    answer was another task's chosen answer (issue 52): with no pair outside the round
+    there is no gold task, one line says why, and export.json keeps that line."""
+    from pipeline.cli import main
+
+    run_dir = tmp_path / "synthetic"
+    make_synthetic_run(run_dir, pairs)
+    (run_dir / "run.yaml").write_text(
+        make_config(tmp_path, sample_size=200, gold_tasks=10).to_yaml()
+    )
+    assert main(["annotate", "export", str(run_dir), "--round", "1", "--file-only"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    notes = [line for line in out if line.startswith("note: ")]
+    assert len(notes) == 1 and "no gold attention check in this round" in notes[0], out
+    assert f"0 of the run's {pairs} kept pairs are outside it" in notes[0]
+    assert "annotation.sample_size" in notes[0]
+    info = json.loads((run_dir / "annotate" / "round-1" / "export.json").read_text())
+    assert info["gold"] == 0 and info["gold_note"] == notes[0].removeprefix("note: ")
+    tasks = json.loads((run_dir / "annotate" / "round-1" / "tasks.json").read_text())
+    assert len(tasks) == pairs and not any(t["data"]["gold"] for t in tasks)
+
+
+def test_gold_tasks_share_no_question_or_answer_with_the_rounds_other_tasks(tmp_path):
+    """With pairs to spare, each gold task's question and both answers appear in no other
+    task of the round (its real tasks and the other gold tasks), whatever the seed; a
+    round with a few pairs outside it makes what they allow and says how many."""
+    run_dir = tmp_path / "synthetic"
+    make_synthetic_run(run_dir, 40)
+    for seed, sample, want in ((0, 30, 5), (1, 30, 5), (2, 36, 5)):
+        plan = build_round(
+            run_dir, 1, sample_size=sample, stratify_by=["category"], gold_tasks=want,
+            base_seed=seed,
+        )  # fmt: skip
+        shown: Counter = Counter()
+        for t in plan.tasks:
+            d = t["data"]
+            shown.update({d["question"], d["answer_a"], d["answer_b"]})
+        gold = [t["data"] for t in plan.tasks if t["data"]["gold"]]
+        for d in gold:
+            for text in (d["question"], d["answer_a"], d["answer_b"]):
+                assert shown[text] == 1, (seed, text[:40])
+        # each gold task takes two pairs outside the round: 10 outside -> 5, 4 -> 2
+        assert len(gold) == plan.n_gold == min(want, (40 - sample) // 2), seed
+        if plan.n_gold < want:
+            assert plan.gold_note and plan.gold_note.startswith(f"{plan.n_gold} of {want} gold")
+        else:
+            assert plan.gold_note is None
 
 
 def test_gold_falls_back_to_other_examples_with_one_category(run):
@@ -408,6 +466,32 @@ def test_labeling_config_shows_plain_text_and_matches_the_code():
     assert controls[COMMENT_CONTROL].get("required") in (None, "false")
 
 
+def test_the_labeling_page_defines_every_choice_and_flag_in_the_guidelines_words():
+    """Nothing on the labeling page defined "both bad", "general quality differs" or
+    "rubric unclear" (issue 52): each choice and flag now has its definition beside the
+    controls, in words the guidelines use, and the length rule is on the page."""
+    import re
+
+    from pipeline.annotate.tasks import guidelines_html, markdown_html
+
+    root = ET.fromstring(label_config())
+    shown = [el.get("value") or "" for el in root.iter("Header")]
+    guide = re.sub(r"<[^>]+>", "", guidelines_html())
+    for term in (*[c for c in CHOICES if c not in ("A", "B")], *FLAGS):
+        lines = [h for h in shown if h.startswith(f"{term}: ")]
+        assert len(lines) == 1, (term, shown)
+        definition = lines[0].removeprefix(f"{term}: ").rstrip(".")
+        # the first clause of each definition is the guidelines' own
+        assert definition.split(" (")[0].split(";")[0].lower() in guide.lower(), (term, definition)
+    assert any("Do not reward length, polish, formatting or confident tone" in h for h in shown)
+    assert "Do <strong>not</strong> reward length, polish" in guidelines_html()
+    # the renderer escapes what is not its Markdown
+    assert (
+        markdown_html("a <b>x</b> & **y**")
+        == "<p>a &lt;b&gt;x&lt;/b&gt; &amp; <strong>y</strong></p>"
+    )
+
+
 def test_parse_result_reads_every_control():
     result = [
         {"from_name": "choice", "to_name": "question", "type": "choices",
@@ -515,3 +599,63 @@ def test_server_venv_without_label_studio_is_a_clear_error(tmp_path):
 
     with pytest.raises(LabelStudioError, match=r"no label-studio in .*pip install label-studio"):
         ensure_server_venv(tmp_path / "absent", create=False)
+
+
+FAKE_PIP = """\
+import pathlib, sys, time
+go = pathlib.Path(sys.argv[1])
+for name in ("django", "numpy", "label-studio-sdk"):
+    print("Collecting " + name + "==1.0", flush=True)
+while not go.exists():  # the test lets it finish once it has seen the progress it wants
+    time.sleep(0.05)
+print("Installing collected packages: django, numpy, label-studio-sdk", flush=True)
+print("Successfully installed django-1.0 numpy-1.0 label-studio-sdk-1.0", flush=True)
+"""
+
+
+def test_a_first_install_says_how_far_it_got_and_where_its_log_is(tmp_path, monkeypatch):
+    """`prb annotate serve`'s first start said "installing ... (takes minutes)" and then
+    nothing for 25 minutes (issue 52): now the first line names the log and how to use a
+    venv one already has, and a line follows at least every PROGRESS_EVERY_S (<= 30 s)
+    with what pip has collected. pip is played by a script here (the real install is
+    measured in README.md); the progress is parsed from its real output format."""
+    import sys
+
+    from pipeline.annotate import server
+
+    assert server.PROGRESS_EVERY_S <= 30
+    venv = tmp_path / "ls" / "venv"
+    script = tmp_path / "fake_pip.py"
+    script.write_text(FAKE_PIP)
+    go = tmp_path / "go"
+    monkeypatch.setattr(
+        server,
+        "_install_commands",
+        lambda v: [[sys.executable, "-c", "pass"], [sys.executable, str(script), str(go)]],
+    )
+    said: list[str] = []
+
+    def echo(line: str) -> None:
+        said.append(line)
+        if "collected 3 packages" in line:
+            go.touch()
+
+    server.ensure_server_venv(venv, echo=echo, every_s=0.05)
+    log = server.install_log(venv)
+    assert f"tail -f {log}" in said[0] and "annotation.server_venv=PATH" in said[0]
+    assert "PRB_LABEL_STUDIO_VENV" in said[0]
+    assert any("collected 3 packages so far (the latest: label-studio-sdk==1.0)" in s for s in said)
+    assert said[-1].endswith("installed 3 packages; Label Studio is installed")
+    assert "Successfully installed" in log.read_text()
+
+
+def test_serve_takes_a_named_venv_from_the_config_or_the_environment(tmp_path, monkeypatch):
+    from pipeline.annotate.server import server_venv
+    from pipeline.config import config_from_overrides
+
+    monkeypatch.delenv("PRB_LABEL_STUDIO_VENV", raising=False)
+    assert server_venv(config_from_overrides([]).annotation) == Path(".labelstudio/venv")
+    monkeypatch.setenv("PRB_LABEL_STUDIO_VENV", str(tmp_path / "mine"))
+    assert server_venv(config_from_overrides([]).annotation) == tmp_path / "mine"
+    named = config_from_overrides([f"annotation.server_venv={tmp_path / 'cfg'}"])
+    assert server_venv(named.annotation) == tmp_path / "cfg"  # the config's wins

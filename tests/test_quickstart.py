@@ -40,7 +40,9 @@ def test_quickstart_runs_every_step_offline(tmp_path):
     assert [r["reason"] for r in dropped] == ["length"]  # the hand-written one-line answer
 
     tasks = json.loads((run / "annotate" / "round-1" / "tasks.json").read_text())
-    assert len(tasks) == 3 + 1  # sample_size 3 plus one gold task
+    # sample_size 3 holds every kept pair: none is left to make a gold task from, and a gold
+    # task repeating a real task's question would give itself away (issue 52)
+    assert len(tasks) == 3 and not any(t["data"].get("gold") for t in tasks)
     assert {t["data"]["pair_id"] for t in tasks if not t["data"].get("gold")} == {
         r["pair_id"] for r in kept
     }

@@ -124,6 +124,8 @@ def cmd_annotate(args: argparse.Namespace) -> int:
             f"round {s['round']}: {s['tasks']} tasks ({s['pairs']} pairs + {s['gold']} gold; "
             f"{s['excluded_from_earlier_rounds']} pairs left out as sent in earlier rounds)"
         )
+        if s.get("gold_note"):
+            print(f"note: {s['gold_note']}")
         if s["file_only"]:
             print(f"wrote {s['tasks_file']} (import it by hand in Label Studio)")
         else:
@@ -151,6 +153,8 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         f"{s['adjudication']} to adjudicate; alpha "
         + (f"{alpha:.3f}" if alpha is not None else "n/a")
     )
+    if s.get("votes_note"):
+        print(f"note: {s['votes_note']}")
     if s["duplicate_task_keys"] or s["pooled_duplicates"]:
         same = s["pooled_duplicates"]
         print(
