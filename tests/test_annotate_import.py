@@ -257,3 +257,39 @@ def test_a_pipe_for_the_run_or_the_export_is_named(round1, tmp_path, capsys):
         err = capsys.readouterr().err
         assert "Traceback" not in err and f"{pipe}: is a named pipe" in err
     assert disk_state(tmp_path) == before
+
+
+def test_a_round_short_of_votes_says_which_setting_and_publish_verified_says_why(
+    round1, tmp_path, capsys
+):
+    """A one-annotator round said "verified 0, refuted 0, unresolved 10" without naming
+    annotation.min_votes, and `prb publish --policy verified` then published nothing
+    (issue 52): both now say why, naming the setting and the votes there are."""
+    run_dir, export = round1
+    for task in export:
+        task["annotations"] = task["annotations"][:1]  # one annotator
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(export))
+    rc, out, err = _import(capsys, run_dir, path)
+    assert rc == 0, err
+    assert "verified 0, refuted 0, unresolved 10" in out
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1, out
+    assert "10 of 10 pairs have fewer votes than annotation.min_votes (2;" in notes[0]
+    assert "the most any of them has is 1" in notes[0]
+    assert "--set annotation.min_votes=1" in notes[0]
+    counts = _read(run_dir, "agreement.json")["counts"]
+    assert counts["short_of_votes"] == 10 and counts["votes_note"] == notes[0][len("note: ") :]
+
+    before = disk_state(tmp_path)
+    assert main(["publish", str(run_dir), "--policy", "verified"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no pair passes policy 'verified'" in err[0], err
+    assert "10 unresolved pairs have fewer votes than annotation.min_votes (2 when" in err[0]
+    assert "the most any has is 1" in err[0] and "--policy filtered" in err[0]
+    assert "30 kept pairs are in no imported round" in err[0]  # 40 kept, 10 in round 1
+    assert disk_state(tmp_path) == before
+    # with the setting it names, the round verifies its pairs
+    rc = main(["annotate", "import", str(run_dir), "--round", "1", "--from-file", str(path),
+               "--set", "annotation.min_votes=1"])  # fmt: skip
+    assert rc == 0 and "verified 10" in capsys.readouterr().out

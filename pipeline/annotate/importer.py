@@ -789,6 +789,7 @@ def summarize_round(
     n_gold_graded = sum(v["n"] for v in agreement["gold_accuracy"].values())
     agreement["gold_accuracy_overall"] = n_gold_right / n_gold_graded if n_gold_graded else None
 
+    short = [r for r in verdict_rows if 0 < r["n_votes"] < min_votes]
     summary = {
         "round": round_no,
         "project_id": origin["project_id"],
@@ -818,6 +819,8 @@ def summarize_round(
         "unresolved": counts["unresolved"],
         "adjudication": len(adjudicate),
         "min_votes": min_votes,
+        "short_of_votes": len(short),
+        "votes_note": votes_note(len(short), len(verdict_rows), min_votes, short),
         "krippendorff_alpha": agreement["krippendorff_alpha"],
         "raw_agreement": agreement["raw_agreement"],
         "gold_accuracy_overall": agreement["gold_accuracy_overall"],
@@ -847,6 +850,21 @@ def summarize_round(
             "files": str(rnd.path),
             "skipped_file": str(rnd.skipped),
         }
+    )
+
+
+def votes_note(short: int, pairs: int, min_votes: int, rows: list[dict[str, Any]]) -> str | None:
+    """Why pairs with votes stay unresolved for want of more, in one line: a pair is
+    verified or refuted only with ``annotation.min_votes`` votes (printed by the import,
+    kept in agreement.json's counts); None when no pair has some votes but too few."""
+    if not short:
+        return None
+    most = max(r["n_votes"] for r in rows)
+    return (
+        f"{short} of {pairs} pairs have fewer votes than annotation.min_votes ({min_votes}; "
+        f"the most any of them has is {most}), so they can be neither verified nor "
+        "refuted: have more annotators vote on them, or set annotation.min_votes lower "
+        f"(--set annotation.min_votes={max(most, 1)}) and import again"
     )
 
 

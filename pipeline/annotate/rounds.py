@@ -101,3 +101,47 @@ def agreement_summaries(rd: RunDir) -> dict[str, dict[str, Any]]:
                 raise InputError(f"not valid JSON: {exc}", path=path) from None
             out[rnd.name] = _agreement_summary(raw if isinstance(raw, dict) else {})
     return out
+
+
+def why_unverified(rd: RunDir, verdicts: dict[str, dict[str, Any]], pairs: int) -> str:
+    """Why kept pairs have no "verified" verdict, in words for ``prb publish --policy
+    verified``: pairs no round has imported, and unresolved pairs with fewer votes than the
+    ``annotation.min_votes`` their round was imported with (the most they have)."""
+    min_votes: dict[int, int] = {}
+    for rnd in rd.rounds():
+        try:
+            raw = read_json(rnd.agreement)
+            min_votes[rnd.number] = int(raw["counts"]["min_votes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    unresolved = [v for v in verdicts.values() if v.get("status") == "unresolved"]
+    short = [
+        v
+        for v in unresolved
+        if v.get("round") in min_votes and 0 < int(v.get("n_votes") or 0) < min_votes[v["round"]]
+    ]
+    none = [v for v in unresolved if not v.get("n_votes")]
+    parts = []
+    if short:
+        need = sorted({min_votes[v["round"]] for v in short})
+        most = max(int(v.get("n_votes") or 0) for v in short)
+        parts.append(
+            f"{len(short)} unresolved pairs have fewer votes than annotation.min_votes "
+            f"({', '.join(map(str, need))} when their round was imported; the most any has is "
+            f"{most}): have more annotators vote on them, or import the round again with "
+            f"--set annotation.min_votes={max(most, 1)}"
+        )
+    if none:
+        parts.append(f"{len(none)} pairs of imported rounds have no vote yet")
+    if len(unresolved) > len(short) + len(none):
+        parts.append(
+            f"{len(unresolved) - len(short) - len(none)} unresolved pairs have no clear "
+            "majority or conflicting copies (adjudication.jsonl)"
+        )
+    unannotated = pairs - len([v for v in verdicts.values() if v.get("status")])
+    if unannotated > 0:
+        parts.append(
+            f"{unannotated} kept pairs are in no imported round (`prb annotate export` and "
+            "`prb annotate import` a round first)"
+        )
+    return "; ".join(parts)

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.annotate.rounds import agreement_summaries, latest_verdicts
+from pipeline.annotate.rounds import agreement_summaries, latest_verdicts, why_unverified
 from pipeline.errors import PipelineError, RunDirError, StageError
 from pipeline.io import loads
 from pipeline.publish import folder, targets
@@ -194,9 +194,17 @@ def publish(
     agreement = agreement_summaries(rd)
     selected, excluded = select_pairs(entries, verdicts, policy)
     if not selected:
+        why = ""
+        if policy == "verified":
+            kept_ids = {e["pair_id"] for e in entries}
+            mine = {k: v for k, v in verdicts.items() if k in kept_ids}
+            why = why_unverified(rd, mine, len(kept_ids))
+            why = (f": {why}" if why else "") + (
+                "; `--policy filtered` publishes every kept pair no annotator refuted"
+            )
         raise PipelineError(
             f"no pair passes policy '{policy}' ({len(entries)} kept by the filters; "
-            f"excluded: {dict(excluded) or 'none'}); nothing was published"
+            f"excluded: {dict(excluded) or 'none'}); nothing was published" + why
         )
     del entries
     selected.sort(key=lambda e: (e["category"] or "", e["id"]))
