@@ -71,10 +71,77 @@ def installed_version(venv: str | Path) -> str | None:
     return res.stdout.strip() or None
 
 
+# How often a first install says how far it got (at most 30 s between two lines).
+PROGRESS_EVERY_S = 20.0
+# Where a named Label Studio venv can come from besides annotation.server_venv: the tests'
+# and CI's variable, so one install serves the suite, the benchmarks and `prb annotate serve`
+VENV_ENV = "PRB_LABEL_STUDIO_VENV"
+# What the first install took, measured (README.md, annotation/README.md): shown up front
+MEASURED_INSTALL = (
+    "measured at 1 min 21 s on 2 cores at load 3-4 with a fast link to PyPI; a busy machine "
+    "or a slow link takes far longer: 24 min was seen at load 10-20"
+)
+
+
+def server_venv(annotation: Any) -> Path:
+    """The Label Studio venv ``prb annotate serve`` uses: ``annotation.server_venv`` when the
+    config sets it, else ``$PRB_LABEL_STUDIO_VENV`` when set, else the default."""
+    env = os.environ.get(VENV_ENV)
+    if env and "server_venv" not in annotation.model_fields_set:
+        return Path(env).expanduser()
+    return Path(annotation.server_venv)
+
+
+def install_log(venv: Path) -> Path:
+    """The first install's full pip output, beside the venv (kept after a failure)."""
+    return venv.with_name(venv.name + "-install.log")
+
+
+def _install_commands(venv: Path) -> list[list[str]]:
+    return [
+        [sys.executable, "-m", "venv", str(venv)],
+        [
+            str(venv_python(venv)),
+            "-m",
+            "pip",
+            "install",
+            "--progress-bar",
+            "off",
+            f"label-studio=={LABEL_STUDIO_VERSION}",
+        ],
+    ]
+
+
+def _minutes(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
+
+
+def install_progress(log_text: str) -> str:
+    """How far a pip install got, from its output: packages collected (the latest named),
+    then the install of them all, then done."""
+    collected = [ln.split()[1] for ln in log_text.splitlines() if ln.startswith("Collecting ")]
+    for line in reversed(log_text.splitlines()):
+        if line.startswith("Successfully installed"):
+            return f"installed {len(line.split()) - 2} packages"
+        if line.startswith("Installing collected packages:"):
+            n = len(line.split(":", 1)[1].split(","))
+            return f"installing the {n} packages collected (pip says nothing until all are in)"
+    if not collected:
+        return "creating the venv and starting pip"
+    return f"collected {len(collected)} packages so far (the latest: {collected[-1]})"
+
+
 def ensure_server_venv(
-    venv: str | Path, *, create: bool = True, echo: Callable[[str], None] = print
+    venv: str | Path,
+    *,
+    create: bool = True,
+    echo: Callable[[str], None] = print,
+    every_s: float = PROGRESS_EVERY_S,
 ) -> Path:
-    """The server's virtualenv, created with label-studio when missing."""
+    """The server's virtualenv, created with label-studio when missing. A first install
+    takes minutes: it says so up front, with where its full log goes, and then how far it
+    got every ``every_s`` seconds."""
     venv = Path(venv).expanduser().absolute()
     version = installed_version(venv)
     if version and (venv / "bin" / "label-studio").exists():
@@ -86,23 +153,45 @@ def ensure_server_venv(
             f"no label-studio in {venv}; create it with: python3 -m venv {venv} && "
             f"{venv}/bin/pip install label-studio=={LABEL_STUDIO_VERSION}"
         )
-    echo(f"installing label-studio=={LABEL_STUDIO_VERSION} into {venv} (once; takes minutes)")
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],
-        [
-            str(venv_python(venv)),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            f"label-studio=={LABEL_STUDIO_VERSION}",
-        ],
-    ]
-    for cmd in steps:
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-15:])
-            raise LabelStudioError(f"`{' '.join(cmd)}` failed ({res.returncode}):\n{tail}")
+    log = install_log(venv)
+    echo(
+        f"installing label-studio=={LABEL_STUDIO_VERSION} into {venv}, once ({MEASURED_INSTALL}"
+        f"); progress below, the full log: tail -f {log}. To use a Label Studio venv you "
+        f"already have instead: --set annotation.server_venv=PATH (or {VENV_ENV}=PATH)"
+    )
+    start = time.monotonic()
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w", encoding="utf-8") as fh:
+        for cmd in _install_commands(venv):
+            fh.write(f"$ {' '.join(cmd)}\n")
+            fh.flush()
+            proc = subprocess.Popen(
+                cmd,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "PIP_NO_INPUT": "1"},
+            )
+            try:
+                while True:
+                    try:
+                        proc.wait(timeout=every_s)
+                        break
+                    except subprocess.TimeoutExpired:
+                        done = install_progress(log.read_text(encoding="utf-8", errors="replace"))
+                        echo(f"  {_minutes(time.monotonic() - start)}: {done}")
+            except BaseException:
+                proc.terminate()
+                proc.wait()
+                raise
+            if proc.returncode != 0:
+                text = log.read_text(encoding="utf-8", errors="replace")
+                tail = "\n".join(text.strip().splitlines()[-15:])
+                raise LabelStudioError(
+                    f"`{' '.join(cmd)}` failed ({proc.returncode}); the full log is {log}:\n{tail}"
+                )
+    done = install_progress(log.read_text(encoding="utf-8", errors="replace"))
+    echo(f"  {_minutes(time.monotonic() - start)}: {done}; Label Studio is installed")
     return venv
 
 
@@ -163,6 +252,7 @@ class LabelStudioServer:
         username: str = DEFAULT_USERNAME,
         host: str = "127.0.0.1",
         startup_timeout: float = 300.0,
+        echo: Callable[[str], None] | None = None,
     ) -> None:
         if len(token) <= 5:  # label-studio ignores shorter preset tokens without an error
             raise LabelStudioError("the preset API token must be longer than 5 characters")
@@ -174,6 +264,7 @@ class LabelStudioServer:
         self.username = username
         self._password = password
         self.startup_timeout = startup_timeout
+        self._echo = echo  # says how long a (first) start has taken, every PROGRESS_EVERY_S
         self.log_path = self.data_dir / LOG_FILE
         self._proc: subprocess.Popen | None = None
         self._log: Any = None
@@ -264,8 +355,16 @@ class LabelStudioServer:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
+        started = time.monotonic()
+        deadline = started + self.startup_timeout
+        said = started
         while True:
+            if self._echo is not None and time.monotonic() - said >= PROGRESS_EVERY_S:
+                said = time.monotonic()
+                self._echo(
+                    f"  still starting ({_minutes(said - started)}; a first start sets up its "
+                    f"database, about 3 min): tail -f {self.log_path}"
+                )
             if self._proc is not None and self._proc.poll() is not None:
                 raise self._fail(
                     f"Label Studio exited with code {self._proc.returncode} while starting "
@@ -350,7 +449,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def serve(config: Any, *, port: int | None = None, echo: Callable[[str], None] = print) -> int:
     """Run the local server in the foreground until Ctrl-C (``prb annotate serve``)."""
     a = config.annotation
-    venv = ensure_server_venv(a.server_venv, echo=echo)
+    venv = ensure_server_venv(server_venv(a), echo=echo)
     data_dir = Path(a.data_dir).expanduser().absolute()
     creds = local_credentials(data_dir, a.token_env)
     env_token = os.environ.get(a.token_env)
@@ -361,6 +460,7 @@ def serve(config: Any, *, port: int | None = None, echo: Callable[[str], None] =
         token=creds["token"],
         password=creds["password"],
         username=creds["username"],
+        echo=echo,
     )
     echo(f"starting Label Studio {installed_version(venv)} on {server.url} (data: {data_dir})")
     with server:
