@@ -71,7 +71,34 @@ def _rows_with_hard_rubrics() -> dict[str, list[dict]]:
     aspect = dict(dup["rubric_aspects"][0])
     dup["rubric_aspects"] = [aspect, {**aspect, "aspect": aspect["aspect"] + "."}]
     by_config[CONFIGS[0]] += [one, dup]
+    # what the reference keeps and the project's construction changes (issue 52): no
+    # aspect at all, an aspect repeated (the same text up to case and spaces), and spaces
+    # at an aspect's ends
+    empty = copy.deepcopy(base)
+    empty["id"] = "extra-empty-rubric"
+    empty["question"] = "Is it worth learning to develop film at home?"
+    empty["rubric_aspects"] = []
+    repeated = copy.deepcopy(base)
+    repeated["id"] = "extra-repeated-aspect"
+    repeated["question"] = "Which camera should I buy for street photography?"
+    first = dict(repeated["rubric_aspects"][0])
+    repeated["rubric_aspects"] = [
+        first,
+        {**first, "aspect": "  " + first["aspect"].upper().replace(" ", "  ")},
+        *repeated["rubric_aspects"][1:],
+    ]
+    spaced = copy.deepcopy(base)
+    spaced["id"] = "extra-spaces-at-the-ends"
+    spaced["question"] = "How do I keep a sketchbook habit on a busy week?"
+    spaced["rubric_aspects"] = [
+        {**a, "aspect": f"  {a['aspect']} \t", "evidence": f" {a.get('evidence') or ''} "}
+        for a in spaced["rubric_aspects"]
+    ]
+    by_config[CONFIGS[1]] += [empty, repeated, spaced]
     return by_config
+
+
+EDGE_ROWS = ("extra-empty-rubric", "extra-repeated-aspect", "extra-spaces-at-the-ends")
 
 
 def _args(tmp_path: Path, repo: Path, encoder: str, server, prompts: Path | None) -> list[str]:
@@ -92,9 +119,10 @@ def _args(tmp_path: Path, repo: Path, encoder: str, server, prompts: Path | None
 def test_the_config_is_the_reference_construction():
     cfg = yaml.safe_load(CONSTRUCTION.read_text())
     reference = yaml.safe_load((ROOT / "configs" / "reference.yaml").read_text())
-    # the same source as configs/reference.yaml
-    for section in ("input", "profile", "rubrics"):
+    # the same source as configs/reference.yaml; its rubrics exactly as the input has them
+    for section in ("input", "profile"):
         assert cfg[section] == reference[section]
+    assert cfg["rubrics"] == {**reference["rubrics"], "given_as_is": True}
     assert cfg["responses"] == {"n": 1, "strategies": ["avoid_all"], "word_cap": 100}
     assert cfg["prompts"] == {
         "dir": None,
@@ -175,6 +203,18 @@ def test_every_question_is_one_pair_written_with_the_prompt_files(
     (data,) = (run_dir / "publish" / "all").glob("*.parquet")
     rows = {r["id"]: r for r in pq.read_table(data).to_pylist()}
     assert len(rows) == len(pairs)
+    # every aspect exactly as the input has it: none dropped, merged or trimmed
+    given = {r["id"]: r for rows_ in by_config.values() for r in rows_}
+    for source_id in EDGE_ROWS:
+        want = [
+            {"aspect": a["aspect"], "evidence": a.get("evidence") or "",
+             "reason": a.get("reason") or ""}
+            for a in given[source_id]["rubric_aspects"]
+        ]  # fmt: skip
+        assert rows[source_id]["rubric_aspects"] == want, source_id
+        ids = rows[source_id]["rubric_item_ids"]
+        assert len(ids) == len(want) == len(set(ids)), source_id
+    assert rows["extra-empty-rubric"]["rubric_aspects"] == []
     for p in pairs:
         row = rows[p["source_id"]] if p["source_id"] in rows else rows[p["pair_id"]]
         order = p["profile_view"]["order"]

@@ -260,6 +260,14 @@ class RubricsSection(_Section):
         description="Merge near-identical aspects of a given rubric too (off: a given rubric "
         "is kept as the input has it, as the reference keeps it; only exact repeats go).",
     )
+    given_as_is: bool = Field(
+        False,
+        description="Keep a given rubric exactly as the input has it, as the reference's "
+        "construction does: an empty (or missing) rubric_aspects is an empty rubric whose pair "
+        "is still written ({plan} empty), an aspect repeated is kept with an item id of its "
+        "own, and spaces at an aspect's ends stay. Off: such a question is dropped "
+        "(no_given_rubric), a repeat is kept once and the ends are trimmed (docs/inputs.md).",
+    )
     sampling: SamplingSection = Field(
         default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=2048),
         description="Sampling for rubric generation (greedy by default: one rubric per user); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
@@ -59,23 +60,37 @@ def merge_items(items: list[dict[str, str]], threshold: float) -> tuple[list[dic
 
 
 def make_rubric_row(
-    example: dict, items: list[dict], source: str, provenance: dict[str, Any]
+    example: dict,
+    items: list[dict],
+    source: str,
+    provenance: dict[str, Any],
+    *,
+    as_is: bool = False,
 ) -> dict[str, Any]:
-    """Give items stable ids and the rubric a version hash of its content."""
+    """Give items stable ids and the rubric a version hash of its content.
+
+    An item's id is a hash of the example and its aspect (case and spaces aside). An aspect
+    given twice is kept once, trimmed; ``as_is`` (``rubrics.given_as_is``, the reference's
+    construction) keeps every item exactly as given, a repeat with an id of its own (its
+    place among the repeats joins the hash)."""
     ex_id = example["example_id"]
     with_ids = []
-    seen: set[str] = set()
+    seen: Counter[str] = Counter()
     for it in items:
-        item_id = "a" + stable_id(ex_id, " ".join(it["aspect"].lower().split()), length=10)
-        if item_id in seen:  # identical aspect text twice: keep the first
+        norm = " ".join(it["aspect"].lower().split())
+        repeat = seen[norm]
+        seen[norm] += 1
+        if repeat and not as_is:  # identical aspect text twice: keep the first
             continue
-        seen.add(item_id)
+        key = (ex_id, norm) if not repeat else (ex_id, norm, repeat)
+        item_id = "a" + stable_id(*key, length=10)
+        keep = (lambda t: t) if as_is else str.strip
         with_ids.append(
             {
                 "item_id": item_id,
-                "aspect": it["aspect"].strip(),
-                "evidence": (it.get("evidence") or "").strip(),
-                "reason": (it.get("reason") or "").strip(),
+                "aspect": keep(it["aspect"]),
+                "evidence": keep(it.get("evidence") or ""),
+                "reason": keep(it.get("reason") or ""),
             }
         )
     version = content_hash(
@@ -182,7 +197,8 @@ class RubricStage(Stage):
                 example, "too_many_items", f"{len(kept)} aspects (max {r.max_items})"
             )
         prov = {**prov, "merged": merged}
-        return make_rubric_row(example, kept, source, prov), None
+        as_is = not generated and r.given_as_is
+        return make_rubric_row(example, kept, source, prov, as_is=as_is), None
 
     def _given(self, ctx: Context, out: StageDir, examples: Any, resumed: int) -> dict:
         rows: list[dict] = []
@@ -190,10 +206,13 @@ class RubricStage(Stage):
         chunk = self.shard_size(ctx)
         for ex in examples:
             aspects = ex.get("rubric_aspects")
-            if not aspects:
+            if not aspects and not ctx.config.rubrics.given_as_is:
                 rejects.append(_reject(ex, "no_given_rubric", "input has no rubric_aspects"))
             else:
-                row, rej = self._finish_items(ctx, ex, aspects, "given", {"source": "input"})
+                # given_as_is: an empty rubric is the input's too; its pair is written
+                row, rej = self._finish_items(
+                    ctx, ex, list(aspects or []), "given", {"source": "input"}
+                )
                 _append(rows, rejects, row, rej)
             if len(rows) + len(rejects) >= chunk:
                 out.write_shard(rows, rejects)
@@ -337,8 +356,10 @@ class RubricStage(Stage):
                 continue
             aspects = ex.get("rubric_aspects")
             row = None
-            if aspects:
-                row, _ = self._finish_items(ctx, ex, aspects, "given", {"source": "input"})
+            if aspects or ctx.config.rubrics.given_as_is:
+                row, _ = self._finish_items(
+                    ctx, ex, list(aspects or []), "given", {"source": "input"}
+                )
             yield PlannedExample(ex["example_id"], [], [row] if row else [])
 
     def _stats(self, out: StageDir, resumed: int) -> dict[str, Any]:
