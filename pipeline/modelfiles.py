@@ -4,6 +4,8 @@ line naming the file, not a loader's traceback. Used by every reader of a model 
 
 from __future__ import annotations
 
+import os
+from functools import lru_cache
 from pathlib import Path
 
 from pipeline.errors import InputError
@@ -97,3 +99,35 @@ def load_errors() -> tuple[type[BaseException], ...]:
     except ImportError:
         return (OSError, ValueError)
     return (OSError, ValueError, SafetensorError)
+
+
+@lru_cache(maxsize=1)
+def hub_reachable() -> bool:
+    """Whether the Hugging Face Hub's host (``HF_ENDPOINT``) takes a connection within 3 s
+    (asked once per process). Without a network, asking the Hub costs minutes of retries
+    (huggingface_hub backs off five times per file) before the one line that says what to
+    do; a proxy is trusted to reach it. Used before a dataset (``input.format: hub``) or
+    a model (``profile.contriever_model``) is loaded by name."""
+    import socket
+    import urllib.parse
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    from huggingface_hub import constants
+
+    url = urllib.parse.urlsplit(constants.ENDPOINT)
+    if not url.hostname:
+        return True
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def hub_offline() -> bool:
+    """Whether offline mode is on (``HF_HUB_OFFLINE``)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import BackendError
-from pipeline.modelfiles import check_weights, load_errors
+from pipeline.modelfiles import check_weights, hub_offline, hub_reachable, load_errors
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 # A short list: enough to stop "the" and "a" from deciding relevance in BM25.
@@ -175,15 +175,25 @@ def _contriever(model: str) -> tuple[Any, Any, str, int]:
     tf_logging.set_verbosity_error()
     tf_logging.disable_progress_bar()
     local = Path(model).expanduser()
+    # a model named on the Hub, with the Hub out of reach: read the cached copy, or fail at
+    # once (one line) instead of minutes of retries, as the dataset does (inputs/tables.py)
+    offline = hub_offline()
+    hub_down = not local.is_dir() and not offline and not hub_reachable()
+    only_cache = {"local_files_only": True} if hub_down else {}
     try:
         if local.is_dir():
             # a cut download is one line naming the file (prb eval reads models the same way)
             check_weights(local)
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        encoder = AutoModel.from_pretrained(model).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model, **only_cache)
+        encoder = AutoModel.from_pretrained(model, **only_cache).to(device).eval()
     except load_errors() as exc:
         # transformers says "couldn't connect" / "not a local folder" over many lines
         first = " ".join(str(exc).split())[:300]
+        if (hub_down or offline) and not local.is_dir():
+            from huggingface_hub import constants
+
+            why = "the Hub cannot be reached" if hub_down else "offline mode is on (HF_HUB_OFFLINE)"
+            first = f"it is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}"
         raise BackendError(
             f"profile.contriever_model {model!r} cannot be loaded ({first}); on a machine "
             'with network run: python -c "from transformers import AutoModel, AutoTokenizer; '

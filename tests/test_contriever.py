@@ -123,3 +123,50 @@ def test_a_model_cut_short_is_one_line_naming_the_file(encoder, tmp_path):
         rank_profile(QUESTION, POSTS, k=2, ranker="contriever", model=str(cut))
     msg = str(info.value)
     assert "\n" not in msg and "model.safetensors" in msg and "download the model again" in msg
+
+
+def test_a_hub_model_with_no_network_is_one_line_at_once(tmp_path):
+    """`prb plan` of a contriever config with no network printed 22 lines of Hub retry
+    warnings (2 x 5 retries for the model's config) and took 223 s before its one error
+    line; only HF_HUB_OFFLINE=1 made it quick (issue 52). Played here: HF_HUB_OFFLINE
+    unset, the Hub's endpoint a closed port on loopback, an empty Hugging Face cache. The
+    model is neither cached nor reachable: one line, naming the cache and what to do,
+    with no retry (the bound below is far under the 25 s one file's retries cost)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from conftest import write_config
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = write_config(
+        tmp_path,
+        None,
+        input={"limit": 2},
+        profile={"ranker": "contriever", "contriever_model": "facebook/contriever-msmarco"},
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
+    env.update(
+        HF_ENDPOINT=f"http://127.0.0.1:{port}",
+        HF_HOME=str(tmp_path / "hf-home"),
+        PYTHONPATH=str(Path(__file__).resolve().parent.parent),
+    )
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        env.pop(proxy, None)
+    start = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "plan", str(cfg)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    took = time.monotonic() - start
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert len(err) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "profile.contriever_model 'facebook/contriever-msmarco' cannot be loaded" in err[0]
+    assert "not in the Hugging Face cache" in err[0] and "the Hub cannot be reached" in err[0]
+    assert str(tmp_path / "hf-home") in err[0]
+    assert took < 120, took  # minutes of retries before; seconds of start-up now

@@ -13,9 +13,7 @@ source, the 1-based row and the column."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator, Mapping
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +32,7 @@ from pipeline.inputs.base import (
     required,
 )
 from pipeline.io import path_kind
+from pipeline.modelfiles import hub_reachable as _hub_reachable
 
 if TYPE_CHECKING:
     from pipeline.config import InputSection
@@ -255,29 +254,6 @@ def _offline() -> bool:
     import datasets
 
     return bool(datasets.config.HF_HUB_OFFLINE)
-
-
-@lru_cache(maxsize=1)
-def _hub_reachable() -> bool:
-    """Whether the Hub's host takes a connection within 3 s (once per process). Without a
-    network, asking the Hub costs about 25 s of retries (huggingface_hub backs off five
-    times) before the one line that says what to do; a proxy is trusted to reach it."""
-    import socket
-    import urllib.parse
-
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return True
-    from huggingface_hub import constants
-
-    url = urllib.parse.urlsplit(constants.ENDPOINT)
-    if not url.hostname:
-        return True
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname, port), timeout=3):
-            return True
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager
