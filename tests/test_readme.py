@@ -61,6 +61,14 @@ NOT_RUN: list[tuple[re.Pattern[str], str]] = [
     ),
     (re.compile(r"scripts/gpu_(e2e|check)\.sh|^source \.gpu/"), "needs a GPU"),
     (re.compile(r"^OPENAI_API_KEY="), "needs a real server"),
+    (
+        re.compile(r"vllm\.entrypoints\.openai\.run_batch"),
+        "vLLM's batch runner on a GPU cluster; tests/test_batch_files.py answers the files",
+    ),
+    (
+        re.compile(r"^prb batch import\b|^prb run .*backend\.name=batchfile"),
+        "needs results.jsonl from the cluster's batch job; tests/test_batch_files.py imports them",
+    ),
     (re.compile(r"prb annotate (serve|import)\b"), "needs a Label Studio server"),
     (re.compile(r"prb annotate export (?!.*--file-only)"), "needs a Label Studio server"),
     (re.compile(r"^export LABEL_STUDIO_API_KEY="), "a Label Studio token"),
@@ -437,6 +445,19 @@ def test_annotate_publish_audit_and_eval_of_the_sample_run(walk):
     assert "| setting | value |" in card and "| library |" in card
     shown = _result(walk, "prb config show configs/sample.yaml").stdout
     assert "n: 4" in shown and "quality_floor: 3" in shown
+
+
+def test_the_batch_file_loop_runs_after_the_sample_in_a_run_of_its_own(walk):
+    """The README's batch-file loop, run in the README's order, failed on its first command
+    ("would re-do stage 'responses' of outputs/sample, which is finished"): the sample was
+    run above it under the same name (issue 52). It has a run of its own now."""
+    first = _result(walk, "prb batch export configs/sample.yaml")
+    assert "of stage 'responses' to requests.jsonl" in first.stdout, first.stdout + first.stderr
+    assert (walk.root / "outputs" / "sample-batch" / "batch").is_dir()
+    lines = (walk.root / "requests.jsonl").read_text().splitlines()
+    assert lines and all(json.loads(x)["body"]["model"] for x in lines)
+    # the stand-in's sample run is the README's, untouched by the loop
+    assert not (walk.root / "outputs" / "sample" / "batch").exists()
 
 
 @pytest.mark.timeout(1200)

@@ -541,7 +541,8 @@ class AnnotationSection(_Section):
     )
     server_venv: Path = Field(
         Path(".labelstudio/venv"),
-        description="Virtual environment holding the label-studio server (created if missing).",
+        description="Virtual environment holding the label-studio server (created if "
+        "missing); unset in the config, $PRB_LABEL_STUDIO_VENV names one when set.",
     )
     data_dir: Path = Field(
         Path(".labelstudio/data"),
@@ -562,7 +563,8 @@ class AnnotationSection(_Section):
         le=10_000,
         description="Attention-check tasks with a known answer added to a round of "
         "annotation.sample_size pairs; a round with fewer pairs gets the same share, rounded "
-        "up (at least 1).",
+        "up (at least 1). Made of pairs outside the round only: fewer or none when those run "
+        "out, and the export says so.",
     )
     batch_size: int = Field(100, ge=1, le=10_000, description="Tasks per import request.")
     min_votes: int = Field(
