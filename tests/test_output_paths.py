@@ -200,3 +200,17 @@ def test_correlate_of_a_piped_table_prints_and_says_to_give_out(tmp, capsys):
     assert len(err) == 1 and "give --out FILE.json" in err[0] and "a named pipe" in err[0]
     assert "piped-correlate.json" not in captured.err + captured.out
     assert disk_state(tmp) == before
+
+
+def test_a_default_output_beside_a_file_of_a_release_goes_to_the_runs_folder(tmp, capsys):
+    """`prb audit <run>/publish/all/x.parquet` put its report beside the file, inside the
+    release; the one check refuses a release's folders, so the default is the run's own
+    report/ folder, and the release is left byte for byte."""
+    run = tmp / "outputs" / "t"
+    assert main(["publish", str(run)]) == 0
+    (data,) = (run / "publish" / "all").glob("*.parquet")
+    release = disk_state(run / "publish")
+    assert main(["audit", str(data)]) == 0
+    assert (run / "report" / "audit.json").is_file()
+    assert disk_state(run / "publish") == release
+    capsys.readouterr()

@@ -16,7 +16,7 @@ from pipeline.errors import InputError, PipelineError
 from pipeline.rules import Rules
 from pipeline.run import RunDir, run_of
 from pipeline.run.layout import RELEASE_SUMMARY
-from pipeline.run.outputs import check_output
+from pipeline.run.outputs import check_output, enclosing_run, run_role
 
 GATE_ANY = "any"
 # The exit code of `prb audit --fail-on` when the gate fails (1 is an error, 2 a usage error).
@@ -201,6 +201,11 @@ def audit(
     clock = time.perf_counter()
     if out is None:
         out = _default_out(path, source)
+        run = enclosing_run(out)
+        if run is not None and run_role(out) is not None:
+            # beside a file inside a run's own folders (a release's parquet file): the run's
+            # report folder, never a folder of the release or of a stage
+            out = RunDir(run).report_dir
         check_report_folder(out, reads)
     files = {
         "audit.json": _json_file(figures),

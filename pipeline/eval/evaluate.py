@@ -29,6 +29,8 @@ from pipeline.eval.results import SCHEMA_VERSION, check_root, default_root, writ
 from pipeline.eval.spec import ScorerSpec, check_prompt_settings
 from pipeline.prompts import load_template
 from pipeline.registry import load_target
+from pipeline.run import RunDir
+from pipeline.run.outputs import enclosing_run, run_role
 
 
 @dataclass(frozen=True)
@@ -338,6 +340,11 @@ def evaluate(
         check_prompt_settings(spec, usable)
     root = Path(out) if out is not None else default_root(path)
     if out is None:
+        run = enclosing_run(root)
+        if run is not None and run_role(root) is not None:
+            # beside a file inside a run's own folders (a release's parquet file): the
+            # run's eval folder, never a folder of the release or of a stage
+            root = RunDir(run).eval_dir
         check_root(root, reads)
     return [
         evaluate_one(

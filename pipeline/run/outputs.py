@@ -57,6 +57,12 @@ def _is_run(folder: Path) -> bool:
     return (folder / layout.RUN_MARKER).is_file() or RunDir(folder).is_run()
 
 
+def enclosing_run(path: str | Path) -> Path | None:
+    """The nearest folder at or above ``path`` (its real path) that is a run directory prb
+    wrote; None when there is none."""
+    return _enclosing_run(Path(os.path.realpath(path)))
+
+
 def _enclosing_run(path: Path) -> Path | None:
     """The nearest folder at or above ``path`` that is a run directory prb wrote."""
     for folder in (path, *path.parents):
