@@ -31,9 +31,11 @@ examples:
 
 Options of each scorer kind: prb eval --scorer-help
 
-prb eval correlate TABLE.csv [--bootstrap N] [--seed S] [--out FILE.json]
-  Spearman's rank correlation between the accuracy of reward models on a split and their
-  downstream scores, per subset and overall, with a bootstrap interval over models.
+prb eval correlate TABLE.csv [--bootstrap N] [--seed S] [--rbo-p P] [--baseline COLUMN]
+                   [--out FILE.json]
+  Spearman's rho, weighted Kendall tau, NDCG and RBO between the accuracy of reward models
+  on a split and their downstream scores, per subset and overall, each with a bootstrap
+  interval over models; with --baseline, the difference from another benchmark's column.
   TABLE.csv: columns model, accuracy, optional subset, and one downstream score column or
   more (docs/eval.md). Give the table right after the word correlate.
 """
@@ -103,6 +105,20 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--seed", type=_whole(0), default=0, help="bootstrap seed, 0 or more (default 0)"
+    )
+    p.add_argument(
+        "--rbo-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="correlate: the persistence of rank-biased overlap, between 0 and 1 (default 0.9)",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="COLUMN",
+        help="correlate: a column holding another benchmark's accuracy of the same models "
+        "(RewardBench's, say); each metric is also given for it, and this benchmark's minus "
+        "it with a paired bootstrap interval",
     )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--scorer-help", action="store_true", help="list every scorer option and exit")
@@ -235,12 +251,19 @@ def cmd_correlate(args: argparse.Namespace) -> int:
         raise InputError("is not an option of prb eval correlate", path="--set")
     if args.bootstrap < 1:
         raise InputError("must be at least 1", path="--bootstrap")
+    from pipeline.eval.rankmetrics import DEFAULT_RBO_P
+
+    rbo_p = DEFAULT_RBO_P if args.rbo_p is None else args.rbo_p
+    if not 0.0 < rbo_p < 1.0:  # NaN fails both
+        raise InputError(f"must be between 0 and 1 (exclusive), got {args.rbo_p}", path="--rbo-p")
     out = args.out if args.out is not None else default_out(args.table)
     if out.is_dir():
         raise InputError("is a folder; give the path of the JSON file to write", path=out)
     if out.resolve() == Path(args.table).resolve():
         raise InputError("is the table being read; give another path for the JSON", path=out)
-    res = correlate(args.table, n_boot=args.bootstrap, seed=args.seed)
+    res = correlate(
+        args.table, n_boot=args.bootstrap, seed=args.seed, rbo_p=rbo_p, baseline=args.baseline
+    )
     write_json_atomic(out, res)
     print(f"correlations in {res['table']} ({res['models']} models)")
     print(format_table(res))
@@ -265,6 +288,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "a second path only follows the word correlate: prb eval correlate TABLE.csv"
             )
         return cmd_correlate(args)
+    for flag, value in (("--rbo-p", args.rbo_p), ("--baseline", args.baseline)):
+        if value is not None:
+            raise InputError("is an option of prb eval correlate TABLE.csv only", path=flag)
     if args.split is None:
         raise InputError("give the split to evaluate (a release, run directory or file)")
     if str(args.split) == CORRELATE and not args.scorer and not args.split.exists():
