@@ -18,7 +18,6 @@ downstream score (higher is better). A figure is NaN where it is undefined.
   discount at position ``p`` (from 1) is ``1 / log2(p + 1)``, and models tied in x share
   the mean discount of the positions they span (the expected DCG over every order of the
   tie). NDCG is that DCG over the DCG of the ideal order (gains sorted decreasing).
-  Undefined when every model has the same downstream score (no gain to order).
 - **RBO** (Webber, Moffat and Zobel 2010, the extrapolated ``RBO_ext`` of two complete
   rankings of the same models): with ``A_d`` the share of the top ``d`` of one ranking found
   in the top ``d`` of the other, ``RBO = A_n p^n + (1 - p) * sum_{d=1..n} A_d p^(d-1)``,
@@ -28,6 +27,9 @@ downstream score (higher is better). A figure is NaN where it is undefined.
   the expected RBO over those draws, computed exactly: a model in a tied block that
   straddles depth ``d`` is in the top ``d`` with probability (places left in the top ``d``)
   / (block size). Identical rankings give 1.
+
+Every metric is undefined (NaN) when either side is the same for every model: there is no
+ranking to compare (a random tie break would give a figure that says nothing).
 """
 
 from __future__ import annotations
@@ -132,10 +134,14 @@ def ndcg_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     mean_disc = (cum[above + block] - cum[above]) / block
     dcg = (gain * mean_disc).sum(axis=-1)
     ideal = (-np.sort(-gain, axis=-1) * disc).sum(axis=-1)
-    constant = (equal_y == n).all(axis=-1)  # every model scores the same downstream
     with np.errstate(invalid="ignore", divide="ignore"):
         out = dcg / ideal
-    return np.where(constant | ~(ideal > 0), np.nan, out)
+    return np.where(_constant(x) | _constant(y) | ~(ideal > 0), np.nan, out)
+
+
+def _constant(a: np.ndarray) -> np.ndarray:
+    """Whether each row holds one value only (no ranking to compare)."""
+    return (a == a[..., :1]).all(axis=-1)
 
 
 def _membership(a: np.ndarray) -> np.ndarray:
@@ -156,7 +162,8 @@ def rbo_rows(x: np.ndarray, y: np.ndarray, p: float = DEFAULT_RBO_P) -> np.ndarr
     depth = np.arange(1, n + 1, dtype=float)
     agree = overlap / depth
     weights = (1.0 - p) * p ** (depth - 1.0)
-    return agree[..., -1] * p**n + (agree * weights).sum(axis=-1)
+    out = agree[..., -1] * p**n + (agree * weights).sum(axis=-1)
+    return np.where(_constant(x) | _constant(y), np.nan, out)
 
 
 def metric_rows(name: str, x: np.ndarray, y: np.ndarray, rbo_p: float) -> np.ndarray:

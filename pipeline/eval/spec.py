@@ -67,8 +67,15 @@ JUDGE_OPTIONS: Options = {
                     "and format=text"),
     "name": (str, "", "name on the leaderboard (default: the model name)"),
 }  # fmt: skip
+GEN_OPTIONS: Options = {
+    "template": (str, "", "a prompt file with {question} and {answer}, and {profile} / "
+                 "{rubric} where it shows them (default: the project's prompts/gen_score.txt)"),
+    "max_tokens": (int, 10, "longest answer in tokens (the reference reads its number from 10)"),
+    "temperature": (float, 0.0, "sampling temperature (greedy by default: reproducible)"),
+    "name": (str, "", "name on the leaderboard (default: the model name)"),
+}  # fmt: skip
 # Whole-number options where 0 means nothing (the others take 0: "the model's limit", "none").
-_AT_LEAST_ONE = {"batch_size": 1}
+_AT_LEAST_ONE = {"batch_size": 1, "max_tokens": 1}
 # The judge's prompt files: the placeholders the user file must hold, and those it may.
 PROMPT_FILE_OPTIONS = ("system_prompt", "user_prompt")
 USER_PROMPT_NEEDS = ("question", "Response_A", "Response_B")
@@ -131,6 +138,12 @@ class ScorerKind:
     choices: ClassVar[dict[str, Collection[Any]]] = {}  # option -> the values it may take
     # "module:function" scoring a split with it (as evaluate.score_rm), imported when it runs
     evaluator: ClassVar[str] = ""
+    # "module:function" scoring single answers for prb eval bon (pipeline.eval.bonscore):
+    # (spec, answers, context) -> scores; "" for a kind that compares two answers
+    answer_scorer: ClassVar[str] = ""
+    # the prompt file (in ScorerSpec.prompts) whose {profile} / {rubric} placeholders show
+    # those settings: a file without one cannot show its setting ("" for none)
+    settings_file: ClassVar[str] = ""
 
     @classmethod
     def passes(cls, key: str) -> bool:
@@ -171,6 +184,7 @@ class RewardModel(ScorerKind):
         "reduce": ("exact", "reference"),
     }
     evaluator = "pipeline.eval.evaluate:score_rm"
+    answer_scorer = "pipeline.eval.bonscore:rm_scores"
 
     @classmethod
     def passes(cls, key: str) -> bool:
@@ -231,6 +245,7 @@ class LLMJudge(ScorerKind):
     name, scoring, usage, options = "judge", "pairwise", "judge:MODEL_NAME", JUDGE_OPTIONS
     choices = {"format": ("json", "text"), "parse": ("last", "first"), "unparsed": ("fail", "a")}
     evaluator = "pipeline.eval.evaluate:score_judge"
+    settings_file = "user_prompt"
 
     @classmethod
     def check(cls, spec: ScorerSpec) -> ScorerSpec:
@@ -249,6 +264,24 @@ class LLMJudge(ScorerKind):
             from pipeline.eval.pairwise import verdict_schema
 
             verdict_schema(spec.opt("max_tokens"), spec.opt("ties"))
+
+
+@SCORERS.register("gen")
+class GenerativeRewardModel(ScorerKind):
+    """``gen:MODEL``: an LLM rates each answer alone with a number in [0, 1], from a
+    template, through the configured backend (``pipeline.eval.generative``)."""
+
+    name, scoring, usage, options = "gen", "pointwise", "gen:MODEL_NAME", GEN_OPTIONS
+    evaluator = "pipeline.eval.evaluate:score_gen"
+    answer_scorer = "pipeline.eval.bonscore:gen_scores"
+    settings_file = "template"
+
+    @classmethod
+    def check(cls, spec: ScorerSpec) -> ScorerSpec:
+        from pipeline.eval.generative import read_template
+
+        template = read_template(spec.opt("template"))
+        return replace(spec, prompts={"template": template})
 
 
 def _coerce(kind: type[ScorerKind], spec: str, key: str, raw: str) -> Any:
@@ -397,7 +430,7 @@ def check_prompt_settings(spec: ScorerSpec, settings: list[str]) -> None:
     """A judge with a user prompt file evaluates the profile setting only when the file
     has a ``{profile}`` placeholder, and the rubric control only with ``{rubric}``: a file
     without a place for them (the reference's) would silently show the question alone."""
-    user = spec.prompts.get("user_prompt")
+    user = spec.prompts.get(spec.scorer.settings_file)
     if user is None:
         return
     for setting in settings:
@@ -407,10 +440,26 @@ def check_prompt_settings(spec: ScorerSpec, settings: list[str]) -> None:
                 "question alone; evaluate only --setting question with it (the reference "
                 f"protocol), or add {{{setting}}} where the {setting} belongs",
                 path=user.path,
-                field="user_prompt",
+                field=spec.scorer.settings_file,
             )
 
 
 def describe_options() -> str:
     """Every scorer kind's options, for prb eval --scorer-help."""
     return "\n".join(line for kind in SCORERS.values() for line in kind.help())
+
+
+def check_unique_names(specs: list[ScorerSpec], default_model: str = "") -> None:
+    """No two scorers with one name: their rows (a leaderboard's, a correlate table's) and
+    files are keyed by it. One line naming both specs and how to tell them apart."""
+    seen: dict[str, ScorerSpec] = {}
+    for spec in specs:
+        name = spec.display_name(default_model)
+        if name in seen:
+            raise InputError(
+                f"two scorers are named {name!r} ({seen[name].text!r} and {spec.text!r}); "
+                "give one of them another name with name=..., e.g. "
+                f"{spec.text},name={name}-2",
+                path="--scorer",
+            )
+        seen[name] = spec
