@@ -604,22 +604,24 @@ def _check_loads(spec: Any) -> None:
     from pipeline.modelfiles import load_errors
 
     path = Path(spec.target).expanduser()
-    Encoder(
-        path,
-        max_length=spec.opt("max_length"),
-        special_tokens=spec.opt("special_tokens"),
-        template=spec.opt("template"),
-        trust_remote_code=spec.opt("trust_remote_code"),
-    )
-    _, transformers = _import_torch_transformers()
     try:
+        Encoder(
+            path,
+            max_length=spec.opt("max_length"),
+            special_tokens=spec.opt("special_tokens"),
+            template=spec.opt("template"),
+            trust_remote_code=spec.opt("trust_remote_code"),
+        )
+        _, transformers = _import_torch_transformers()
         transformers.AutoConfig.from_pretrained(
             str(path), local_files_only=True, trust_remote_code=spec.opt("trust_remote_code")
         )
     except load_errors() as exc:
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
         raise InputError(
-            f"cannot load the model's config: {first}", path=path, field="--scorer rm"
+            f"cannot load the model's tokenizer and config: {first}",
+            path=path,
+            field="--scorer rm",
         ) from None
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.eval.generative import Answered
+from pipeline.io import crash_point
 
 SCORE_CHUNK = 512  # answers scored, then committed, at a time
 DERIVED_KIND = "bon-rm-score"
@@ -59,7 +60,6 @@ def rm_fingerprint(spec: Any) -> str:
 def rm_scores(spec: Any, items: Sequence[Answered], ctx: ScoreContext) -> ScoredAnswers:
     from pipeline.cache import RequestCache
     from pipeline.ids import content_hash
-    from pipeline.io import crash_point
 
     fp = rm_fingerprint(spec)
     keys = [content_hash([fp, it.user_turn, it.answer], 32) for it in items]
