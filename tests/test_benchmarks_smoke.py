@@ -101,6 +101,11 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "annotation_roundtrip": lambda r: r["figures"]["export_tasks"] == 60,
     "audit": lambda r: r["result"]["n"] == 300 and r["result"]["pairs_flagged"] >= 0,
     "backend_throughput": lambda r: all(x["ok"] == 40 for x in r["runs"]),
+    "bon_overhead": lambda r: (
+        r["requests"] == r["bare_requests"] > 0
+        and r["bare_failed"] == 0
+        and r["request_phases"]["ratio_bare_over_command"] > 0
+    ),
     "dedup": lambda r: [x["n"] for x in r["runs"]] == [300, 600],
     "eval_pointwise": lambda r: set(r["settings"]) == {"question", "profile"},
     "generation": lambda r: (
