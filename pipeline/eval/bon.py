@@ -240,7 +240,8 @@ def _prompt_file(option: str, default: str, needs: tuple, fills: tuple, what: st
 
 @dataclass
 class Question:
-    key: str
+    key: str  # the pair's key (prb eval's: pair_id, else id)
+    row_id: str  # the row's own id (the reference's: the source question's)
     subset: str | None
     question: str
     posts: tuple[str, ...]  # the profile setting's posts (prb eval's)
@@ -263,6 +264,7 @@ def questions_of(pairs: Sequence[Any], rows: Sequence[dict[str, Any]], posts: in
         out.append(
             Question(
                 key=p.key,
+                row_id=str(r.get("id") or p.key),
                 subset=p.groups.get("category"),
                 question=p.question,
                 posts=p.posts,
@@ -1130,12 +1132,14 @@ def write_outputs(
 
     out, opts = prep.out, prep.opts
     subset = {q.key: q.subset for q in prep.questions}
+    row_id = {q.key: q.row_id for q in prep.questions}
     names = {spec.text: b["name"] for spec, b in zip(prep.specs, result["scorers"], strict=True)}
     write_jsonl_atomic(
         out / SAMPLES,
         (
             {
                 "question": qk,
+                "id": row_id[qk],
                 "subset": subset[qk],
                 "sample": i,
                 "text": smp.text,
