@@ -121,12 +121,17 @@ def table_rows(
     ks: Sequence[int],
 ) -> tuple[list[str], list[list[Any]], list[str]]:
     """The correlate table of one setting: a row per scorer (and subset) with its benchmark
-    accuracy and its downstream figures (the mean at the largest k, and the gain over k =
-    1); scorers without an accuracy are left out and named. Returns (header, rows, notes)."""
+    accuracy and its downstream figures: ``bon_k<N>``, the mean at the largest k, and
+    ``bon_mean_k``, the mean of the curve over every k above 1 (how early a scorer finds
+    the better answers). (The gain over k = 1 would rank scorers as ``bon_k<N>`` does: k =
+    1 is sample 0 for every scorer.) Scorers without an accuracy are left out and named.
+    Returns (header, rows, notes)."""
     top = max(ks)
     down = f"bon_k{top}"
+    above = [k for k in ks if k > 1]
     has_subsets = any(len(b["curves"][setting]) > 1 for b in blocks)
-    header = ["model", *(["subset"] if has_subsets else []), "accuracy", down, "bon_gain"]
+    header = ["model", *(["subset"] if has_subsets else []), "accuracy", down]
+    header += ["bon_mean_k"] if len(above) > 1 else []
     rows: list[list[Any]] = []
     notes = []
     for b in blocks:
@@ -143,7 +148,10 @@ def table_rows(
                 continue
             mean = fig["k"][str(top)]["mean"]
             row: list[Any] = [b["name"], *([subset] if has_subsets else []), value, mean]
-            rows.append([*row, fig["gain"]["gain"]])
+            if len(above) > 1:
+                curve = [fig["k"][str(k)]["mean"] for k in above]
+                row.append(None if None in curve else sum(curve) / len(curve))
+            rows.append(row)
     return header, rows, notes
 
 
