@@ -395,3 +395,73 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert main([*base[:3], f"--scorer=rm:{m0}", "--out", str(mine), *base[6:]]) == 1
     assert "did not write (no .prb-bon)" in capsys.readouterr().err
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_the_release_states_its_validity_from_the_outputs_made_for_it(
+    world: dict[str, Any], reference: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The card's and the audit report's validity section: each claim's figure is the one
+    in the file it names (whose SHA-256 it gives), or "not measured" with the command."""
+    import hashlib
+
+    tmp, release, server, root = world["tmp"], world["release"], world["server"], world["eval_root"]
+    args = ["eval", str(release), "--scorer", "judge:standin-model", "--no-progress",
+            "--setting", "question", "--setting", "profile", "--setting", "rubric",
+            "--bootstrap", "50", *backend_args(server.base_url)]  # fmt: skip
+    assert main(args) == 0
+    shutil.copytree(reference["out"], root / "bon")  # prb eval bon's default folder
+    # a results file made on another release is passed over
+    stray = root / "stray" / "question"
+    stray.mkdir(parents=True)
+    doc = json.loads((root / "rm-tiny-rm-0" / "question" / "results.json").read_text())
+    doc["split"]["data_sha256"] = "0" * 64
+    (stray / "results.json").write_text(json.dumps(doc))
+    assert main(["audit", str(release)]) == 0
+    assert main(["publish", str(tmp / "sample")]) == 0
+    capsys.readouterr()
+    audit = json.loads((tmp / "sample" / "report" / "audit.json").read_text())
+    v = audit["validity"]
+    assert v["release_data_sha256"] == audit["source"]["data_sha256"]
+    assert "1 prb eval results file(s) made on another split" in v["passed_over"]
+    claims = {c["claim"]: c for c in v["claims"]}
+    assert list(claims) == [
+        "rubric_blind_judge_accuracy", "rubric_aware_judge_accuracy", "profile_gain",
+        "shortcut_probe_auc", "human_agreement", "downstream_correlation",
+    ]  # fmt: skip
+
+    def read(file: str) -> tuple[dict[str, Any], str]:
+        raw = (tmp / "sample" / file).read_bytes()
+        return json.loads(raw), hashlib.sha256(raw).hexdigest()
+
+    for name, setting in (("rubric_blind_judge_accuracy", "question"),
+                          ("rubric_aware_judge_accuracy", "rubric")):  # fmt: skip
+        (fig,) = claims[name]["figures"]
+        got, sha = read(fig["file"])
+        assert fig["file"] == f"eval/judge-standin-model/{setting}/results.json"
+        m = got["settings"][setting]["metrics"]
+        assert (fig["value"], fig["ci95"], fig["sha256"]) == (m["accuracy"], m["ci95"], sha)
+    gains = {f["who"]: f for f in claims["profile_gain"]["figures"]}
+    got, sha = read(gains["standin-model"]["file"])
+    assert gains["standin-model"]["value"] == got["profile_gain"]["gain"]
+    (probe,) = claims["shortcut_probe_auc"]["figures"]
+    assert probe["value"] == audit["shortcut_probe"]["auc"]  # this audit's own figure
+    assert claims["human_agreement"]["figures"] == []
+    assert claims["human_agreement"]["not_measured"].startswith("prb annotate export")
+    (down,) = claims["downstream_correlation"]["figures"]
+    corr, sha = read(down["file"])
+    assert down["file"] == "eval/bon/correlate-profile.json" and down["sha256"] == sha
+    (overall,) = [r for r in corr["correlations"]
+                  if r["subset"] == "overall" and r["downstream"] == "bon_k4"]  # fmt: skip
+    assert down["metrics"]["ndcg"]["value"] == overall["metrics"]["ndcg"]["value"]
+    assert down["metrics"]["rbo"]["ci95"] == overall["metrics"]["rbo"]["ci95"]
+    # the card: the same claims, from the files as they are now (the audit's own file too)
+    card = (release / "README.md").read_text()
+    section = card.split("## Validity", 1)[1].split("\n## ", 1)[0]
+    assert "`eval/judge-standin-model/question/results.json` (sha256 " in section
+    _, audit_sha = read("report/audit.json")
+    assert f"`report/audit.json` (sha256 `{audit_sha[:16]}`)" in section
+    assert f"`eval/bon/correlate-profile.json` (sha256 `{sha[:16]}`)" in section
+    assert "| not measured |" in section and "prb annotate export" in section
+    assert "stray" not in section
+    html = (tmp / "sample" / "report" / "audit.html").read_text()
+    assert "<section id='validity'>" in html and "correlate-profile.json" in html
