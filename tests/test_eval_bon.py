@@ -224,6 +224,39 @@ def test_a_rerun_sends_nothing_and_another_scorer_draws_no_sample(
     assert "tiny-rm-3" in [b["name"] for b in doc["scorers"]]
 
 
+def test_the_json_coverage_judge_reads_its_verdicts(
+    world: dict[str, Any], reference: dict[str, Any]
+) -> None:
+    server, out = world["server"], world["tmp"] / "bon-json"
+    shutil.copytree(reference["out"], out)
+    server.reset()
+    args = bon_args(world["release"], world["models"], server.base_url, out)
+    assert main([*args, "--judge-format", "json"]) == 0
+    bodies = [r["body"] for r in server.requests]
+    # the samples and scores are cached: only the judge is asked, under its JSON schema
+    assert bodies and all(b["response_format"]["type"] == "json_schema" for b in bodies)
+    assert all("P1:" in _user(b) for b in bodies)  # the coverage prompt's labelled points
+    db = sqlite3.connect(f"file:{out / 'cache.sqlite'}?mode=ro", uri=True)
+    try:
+        answers = {
+            k: json.loads(json.loads(r)["choices"][0]["text"])["scores"]
+            for k, r in db.execute(
+                "SELECT key, response FROM responses WHERE stage='bon-judge' "
+                "AND request LIKE '%CoverageVerdict%'"
+            )
+        }
+    finally:
+        db.close()
+    verdicts = _jsonl(out / "verdicts.jsonl")
+    assert len(answers) == len(bodies) == len({v["request"] for v in verdicts})
+    for v in verdicts:
+        scores = list(answers[v["request"]].values())
+        assert v["scores"] == scores and set(scores) <= {0, 1, 2}
+        assert v["score"] == pytest.approx(statistics.fmean(scores))
+    doc = json.loads((out / "bon.json").read_text())
+    assert doc["judge"]["format"] == "json" and doc["judge"]["unjudged_questions"] == []
+
+
 def _cached_keys(cache: Path) -> set[str]:
     """The request of every answer the cache holds, as the server saw it."""
     db = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)

@@ -522,7 +522,7 @@ def prepare(opts: BonOptions) -> Prepared:
     specs = parse_scorers(opts.scorers, base.backend.model)
     for spec in specs:
         spec.scorer.preflight(spec)
-        _check_loads(spec)
+        spec.scorer.load_check(spec)
         from pipeline.eval.spec import check_prompt_settings
 
         check_prompt_settings(spec, [s for s in opts.settings if s != "profile-reference"])
@@ -564,7 +564,7 @@ def prepare(opts: BonOptions) -> Prepared:
     judge = identify_role("judge", opts.judge_cfg, judge_model, cache_path, cached=cached)
     roles = {}
     for spec in specs:
-        if spec.scorer.answer_scorer.endswith(":gen_scores"):
+        if spec.scorer.asks_backend:
             model = spec.target or base.backend.model
             roles[spec.text] = identify_role(spec.display_name(model), base, model, cache_path,
                                              cached=cached)  # fmt: skip
@@ -594,37 +594,6 @@ def _check_sampling(opts: BonOptions) -> None:
             raise InputError(f"{why}, got {value!r}", path=flag) from None
     if opts.judge_max_tokens < 0:
         raise InputError("must be at least 1", path="--judge-max-tokens")
-
-
-def _check_loads(spec: Any) -> None:
-    """A reward model's tokenizer and config load (cheap, before anything is sent): a
-    tokenizer without a chat template, or a config transformers cannot read, is one line
-    now rather than after the samples are drawn."""
-    if not spec.scorer.answer_scorer.endswith(":rm_scores"):
-        return
-    from pipeline.eval.pointwise import Encoder, _import_torch_transformers
-    from pipeline.modelfiles import load_errors
-
-    path = Path(spec.target).expanduser()
-    try:
-        Encoder(
-            path,
-            max_length=spec.opt("max_length"),
-            special_tokens=spec.opt("special_tokens"),
-            template=spec.opt("template"),
-            trust_remote_code=spec.opt("trust_remote_code"),
-        )
-        _, transformers = _import_torch_transformers()
-        transformers.AutoConfig.from_pretrained(
-            str(path), local_files_only=True, trust_remote_code=spec.opt("trust_remote_code")
-        )
-    except load_errors() as exc:
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
-        raise InputError(
-            f"cannot load the model's tokenizer and config: {first}",
-            path=path,
-            field="--scorer rm",
-        ) from None
 
 
 # ---- what it will send: counted before anything is -------------------------------------

@@ -144,6 +144,8 @@ class ScorerKind:
     # the prompt file (in ScorerSpec.prompts) whose {profile} / {rubric} placeholders show
     # those settings: a file without one cannot show its setting ("" for none)
     settings_file: ClassVar[str] = ""
+    # whether it asks a model through the configured backend (its requests are cached)
+    asks_backend: ClassVar[bool] = False
 
     @classmethod
     def passes(cls, key: str) -> bool:
@@ -158,6 +160,11 @@ class ScorerKind:
     @classmethod
     def preflight(cls, spec: ScorerSpec) -> None:
         """What prb eval checks before the split loads (a model folder, an extra)."""
+
+    @classmethod
+    def load_check(cls, spec: ScorerSpec) -> None:
+        """A cheap load of what the scorer needs (a tokenizer, a config), for a command that
+        would otherwise find it broken only after hours of work (prb eval bon's samples)."""
 
     @classmethod
     def display_name(cls, target: str, judge_model: str = "") -> str:
@@ -227,6 +234,34 @@ class RewardModel(ScorerKind):
         check_device(spec.opt("device_map"), "device_map")
 
     @classmethod
+    def load_check(cls, spec: ScorerSpec) -> None:
+        """The tokenizer (and its chat template) and the model's config load: one line
+        naming the folder when they do not."""
+        from pipeline.eval.pointwise import Encoder, _import_torch_transformers
+        from pipeline.modelfiles import load_errors
+
+        path = Path(spec.target).expanduser()
+        try:
+            Encoder(
+                path,
+                max_length=spec.opt("max_length"),
+                special_tokens=spec.opt("special_tokens"),
+                template=spec.opt("template"),
+                trust_remote_code=spec.opt("trust_remote_code"),
+            )
+            _, transformers = _import_torch_transformers()
+            transformers.AutoConfig.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=spec.opt("trust_remote_code")
+            )
+        except load_errors() as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
+            raise InputError(
+                f"cannot load the model's tokenizer and config: {first}",
+                path=path,
+                field="--scorer rm",
+            ) from None
+
+    @classmethod
     def display_name(cls, target: str, judge_model: str = "") -> str:
         return Path(target).name or target
 
@@ -246,6 +281,7 @@ class LLMJudge(ScorerKind):
     choices = {"format": ("json", "text"), "parse": ("last", "first"), "unparsed": ("fail", "a")}
     evaluator = "pipeline.eval.evaluate:score_judge"
     settings_file = "user_prompt"
+    asks_backend = True
 
     @classmethod
     def check(cls, spec: ScorerSpec) -> ScorerSpec:
@@ -275,6 +311,7 @@ class GenerativeRewardModel(ScorerKind):
     evaluator = "pipeline.eval.evaluate:score_gen"
     answer_scorer = "pipeline.eval.bonscore:gen_scores"
     settings_file = "template"
+    asks_backend = True
 
     @classmethod
     def check(cls, spec: ScorerSpec) -> ScorerSpec:
