@@ -75,7 +75,7 @@ GEN_OPTIONS: Options = {
     "name": (str, "", "name on the leaderboard (default: the model name)"),
 }  # fmt: skip
 # Whole-number options where 0 means nothing (the others take 0: "the model's limit", "none").
-_AT_LEAST_ONE = {"batch_size": 1, "max_tokens": 1}
+_AT_LEAST_ONE = {"batch_size": 1}
 # The judge's prompt files: the placeholders the user file must hold, and those it may.
 PROMPT_FILE_OPTIONS = ("system_prompt", "user_prompt")
 USER_PROMPT_NEEDS = ("question", "Response_A", "Response_B")
