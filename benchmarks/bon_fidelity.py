@@ -403,7 +403,12 @@ def compare(ours: Path, theirs: dict[str, Any], n: int) -> dict[str, Any]:
                     }
                 )
     agree = not differences
+    keys = ("sample_prompts_agree", "judge_prompts_agree", "scores_agree", "mean_agree")
+    agreeing = sum(all(r[k] for k in keys) and r["picks_equal"] == r["questions"] for r in rows)
     return {
+        "comparisons": len(rows),
+        "comparisons_agreeing": agreeing,
+        "scores_max_abs_diff": max((r["scores_max_abs_diff"] or 0.0) for r in rows),
         "policy": {k: policy[k] for k in ("temperature", "top_p", "max_tokens", "system")},
         "rows": rows,
         "differences": differences,
