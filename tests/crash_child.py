@@ -19,3 +19,29 @@ def run(cfg: str, env: dict[str, str]) -> None:
         code = 0
     finally:
         os._exit(code)
+
+
+def run_bon_crashing(argv: list[str], chunk: int, after: int) -> None:
+    """`prb eval bon` (in this fresh interpreter) with reward-model scores committed every
+    ``chunk`` answers, killed (``os._exit``: no finally block, flush or atexit hook runs,
+    as a SIGKILL) right after the ``after``-th committed chunk."""
+    import pipeline.eval.bonscore as bonscore
+    from pipeline.cli import main
+
+    bonscore.SCORE_CHUNK = chunk
+    seen = [0]
+    real = bonscore.crash_point
+
+    def crash_point(label: str) -> None:
+        real(label)
+        if label == "bon rm scores":
+            seen[0] += 1
+            if seen[0] == after:
+                os._exit(86)
+
+    bonscore.crash_point = crash_point  # type: ignore[attr-defined]
+    code = 1
+    try:
+        code = main(argv)
+    finally:
+        os._exit(code)

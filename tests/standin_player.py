@@ -16,6 +16,9 @@ them the way a simple, consistent model would, from word overlap alone:
   the question's own words) that the answer uses;
 - quality: similar high scores for any non-empty answer that is on topic;
 - pairwise, rubric-aware: the answer that covers more of the listed points wins;
+- best-of-N (prompts/bon_judge.txt, prompts/gen_score.txt): a list of each listed aspect's
+  coverage score in square brackets, and a number in [0, 1]: the share of the question's
+  and posts' content words the answer uses;
 - pairwise, rubric-blind: a position bias (answer A) unless one answer is empty or off
   topic, so general quality alone never picks the same side in both orders.
 
@@ -615,6 +618,10 @@ class ModelPlayer:
         if fmt.get("type") != "json_schema":
             if fmt:
                 return None
+            if prompt.answers and "square brackets" in prompt.text:
+                return self._score_list(prompt)
+            if prompt.answers and "one number between 0 and 1" in prompt.text:
+                return self._rating(prompt)
             return self.generate(prompt, rng)
         spec = fmt.get("json_schema") or {}
         schema = spec.get("schema") or {}
@@ -654,6 +661,26 @@ class ModelPlayer:
             rationales[item_id] = why
         ids = [i for i, _ in p.items if i is not None]
         return _Hooks("coverage", ids, {"scores": scores, "rationales": rationales})
+
+    @staticmethod
+    def _score_list(p: Prompt) -> str:
+        """A best-of-N judge's verdict (prompts/bon_judge.txt): each listed aspect's coverage
+        (0/1/2, as the coverage verdict scores it), as one list in square brackets."""
+        answer = p.answers[0]
+        aspects = [aspect for _, aspect in p.items]
+        return "[" + ", ".join(str(coverage_score(answer, a, p.question)[0]) for a in aspects) + "]"
+
+    @staticmethod
+    def _rating(p: Prompt) -> str:
+        """A generative reward model's number (prompts/gen_score.txt): the share of the
+        question's and the posts' content words that the answer uses, to two decimals."""
+        answer = stems(p.answers[0])
+        wanted = set(content_stems(p.question))
+        for post in p.posts:
+            wanted |= set(content_stems(post))
+        if not wanted:
+            return "0.5"
+        return f"{len(wanted & answer) / len(wanted):.2f}"
 
     @staticmethod
     def _on_topic(answer: str, question: str) -> bool:

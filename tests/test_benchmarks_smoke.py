@@ -101,6 +101,17 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "annotation_roundtrip": lambda r: r["figures"]["export_tasks"] == 60,
     "audit": lambda r: r["result"]["n"] == 300 and r["result"]["pairs_flagged"] >= 0,
     "backend_throughput": lambda r: all(x["ok"] == 40 for x in r["runs"]),
+    "bon_overhead": lambda r: (
+        r["requests"] == r["bare_requests"] > 0
+        and r["bare_failed"] == 0
+        and r["request_phases"]["ratio_bare_over_command"] > 0
+    ),
+    "bon_fidelity": lambda r: (
+        # CI cannot fetch the reference: the smoke run is on the project's stand-in scripts
+        "stand-in" in r["reference"]["kind"]
+        and len(r["rows"]) == 2 * 3 * 2  # models x subsets x k
+        and r["all_agree"]
+    ),
     "dedup": lambda r: [x["n"] for x in r["runs"]] == [300, 600],
     "eval_pointwise": lambda r: set(r["settings"]) == {"question", "profile"},
     "generation": lambda r: (

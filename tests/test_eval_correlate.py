@@ -248,3 +248,136 @@ def test_correlate_word_and_a_split_named_correlate(
     with pytest.raises(SystemExit):
         main(["eval", "correlate", "--scorer", "judge:m", "--no-progress"])
     assert seen == [Path("correlate")]
+
+
+# ---- the rank metrics the reference reports beside rho, each from its definition --------
+
+
+def _orders(values: list[float]) -> list[tuple[int, ...]]:
+    """Every ranking of the indices by value, highest first: one per order of each tie."""
+    import itertools
+
+    n = len(values)
+    return [
+        perm
+        for perm in itertools.permutations(range(n))
+        if all(values[perm[i]] >= values[perm[i + 1]] for i in range(n - 1))
+    ]
+
+
+def _rbo_ext(s: tuple[int, ...], t: tuple[int, ...], p: float) -> float:
+    """Webber et al.'s extrapolated RBO of two complete rankings (their eq. 32)."""
+    n = len(s)
+    agree = [len(set(s[:d]) & set(t[:d])) / d for d in range(1, n + 1)]
+    return agree[-1] * p**n + (1 - p) * sum(agree[d - 1] * p ** (d - 1) for d in range(1, n + 1))
+
+
+def _rbo(x: list[float], y: list[float], p: float) -> float:
+    """The mean RBO over every way of breaking the ties of each ranking."""
+    return statistics.fmean(_rbo_ext(s, t, p) for s in _orders(x) for t in _orders(y))
+
+
+def _ndcg(x: list[float], y: list[float]) -> float:
+    """DCG of the benchmark's order (averaged over the orders of its ties) over the ideal
+    DCG; a model's gain is its downstream average rank minus 1."""
+    gains = [r - 1 for r in _ranks(y)]
+    dcg = statistics.fmean(
+        sum(gains[i] / math.log2(pos + 2) for pos, i in enumerate(order)) for order in _orders(x)
+    )
+    ideal = sum(g / math.log2(pos + 2) for pos, g in enumerate(sorted(gains, reverse=True)))
+    return dcg / ideal
+
+
+def test_weighted_tau_ndcg_and_rbo_equal_their_definitions() -> None:
+    from pipeline.eval.rankmetrics import value
+
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(7)
+    checked = {"kendall_tau_weighted": 0, "ndcg": 0, "rbo": 0}
+    for _ in range(150):
+        n = int(rng.integers(3, 7))
+        # few distinct values: ties on both sides, and joint ties, are common
+        x = [float(v) for v in rng.integers(0, 3, n)]
+        y = (
+            [float(v) for v in rng.integers(0, 4, n)]
+            if rng.random() < 0.7
+            else list(rng.normal(size=n))
+        )
+        if len(set(x)) == 1 or len(set(y)) == 1:  # no ranking on one side: undefined
+            assert all(value(m, x, y) is None for m in checked), (x, y)
+            continue
+        want = stats.weightedtau(x, y).statistic
+        assert value("kendall_tau_weighted", x, y) == pytest.approx(want, abs=1e-9)
+        assert value("ndcg", x, y) == pytest.approx(_ndcg(x, y), abs=1e-9)
+        for p in (0.5, 0.9):
+            assert value("rbo", x, y, p) == pytest.approx(_rbo(x, y, p), abs=1e-9)
+        for m in checked:
+            checked[m] += 1
+    assert min(checked.values()) > 60, checked
+    # identical rankings: every metric is 1; reversed: rho and tau are -1
+    up = [1.0, 2.0, 3.0, 4.0]
+    assert [value(m, up, up) for m in ("kendall_tau_weighted", "ndcg", "rbo")] == pytest.approx(
+        [1.0, 1.0, 1.0]
+    )
+    assert value("kendall_tau_weighted", up, up[::-1]) == pytest.approx(-1.0)
+    assert value("ndcg", up, [5.0] * 4) is None  # no downstream gain to order
+
+
+def test_cli_reports_every_metric_and_a_baseline_difference(tmp_path: Path) -> None:
+    from pipeline.eval.rankmetrics import value
+
+    # hand-written test data: a benchmark column, a baseline benchmark and one score
+    models = [("m1", 0.61, 0.70, 3.0), ("m2", 0.70, 0.52, 4.5), ("m3", 0.55, 0.66, 3.1),
+              ("m4", 0.66, 0.61, 5.0), ("m5", 0.58, 0.58, 2.2)]  # fmt: skip
+    table = tmp_path / "t.csv"
+    table.write_text(
+        "model,accuracy,rewardbench,bon\n" + "".join(f"{m},{a},{r},{b}\n" for m, a, r, b in models)
+    )
+    out = tmp_path / "t.json"
+    args = ["eval", "correlate", str(table), "--baseline", "rewardbench", "--rbo-p", "0.8"]
+    assert main([*args, "--bootstrap", "200", "--seed", "3", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["downstream"] == ["bon"] and res["baseline"] == "rewardbench"
+    assert res["rbo_persistence"] == 0.8
+    (r,) = res["correlations"]
+    acc = [a for _, a, _, _ in models]
+    base = [b for _, _, b, _ in models]
+    bon = [s for *_, s in models]
+    idx = np.random.default_rng(3).integers(0, 5, size=(200, 5))
+    for metric in ("spearman", "kendall_tau_weighted", "ndcg", "rbo"):
+        ours, theirs = value(metric, acc, bon, 0.8), value(metric, base, bon, 0.8)
+        assert r["metrics"][metric]["value"] == pytest.approx(ours, abs=1e-9)
+        got = r["baseline"]["metrics"][metric]
+        assert got["value"] == pytest.approx(theirs, abs=1e-9)
+        diff = r["baseline"]["difference"][metric]
+        assert diff["value"] == pytest.approx(ours - theirs, abs=1e-9)
+        # the paired bootstrap by an explicit loop over the documented draw
+        diffs = []
+        for row in idx:
+            a = value(metric, [acc[i] for i in row], [bon[i] for i in row], 0.8)
+            b = value(metric, [base[i] for i in row], [bon[i] for i in row], 0.8)
+            if a is not None and b is not None:
+                diffs.append(a - b)
+        lo, hi = np.quantile(diffs, [0.025, 0.975])
+        assert diff["ci95"] == [round(float(lo), 4), round(float(hi), 4)], metric
+        assert diff["undefined_resamples"] == 200 - len(diffs)
+    assert r["spearman"] == round(value("spearman", acc, bon), 4)  # the figure as before
+
+
+def test_bad_correlate_options_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = tmp_path / "t.csv"
+    table.write_text(TABLE, encoding="utf-8")
+    for extra, said in (
+        (["--rbo-p", "1"], "error: --rbo-p: must be between 0 and 1 (exclusive), got 1.0"),
+        (["--rbo-p", "nan"], "error: --rbo-p: must be between 0 and 1"),
+        (["--baseline", "rewardbench"], "field 'rewardbench': has no 'rewardbench' column"),
+        (["--baseline", "accuracy"], "names another benchmark's accuracy column"),
+    ):
+        assert main(["eval", "correlate", str(table), *extra]) == 1
+        err = capsys.readouterr().err.strip()
+        assert said in err and "\n" not in err, err
+    assert not (tmp_path / "t-correlate.json").exists()
+    assert main(["eval", str(table), "--scorer", "judge:m", "--rbo-p", "0.5"]) == 1
+    assert "--rbo-p: is an option of prb eval correlate" in capsys.readouterr().err

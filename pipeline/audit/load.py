@@ -341,7 +341,11 @@ def load_pairs(
                 else None
             )
             rows = _from_parquet(path / RELEASE_ALL, where, cut)
-            return described(rows, path, "release", note=note, _recorded=_recorded(summary, path))
+            from pipeline.publish.validity import release_sha256
+
+            # what identifies the release: outputs made for it record it (their validity)
+            return described(rows, path, "release", note=note, data_sha256=release_sha256(path),
+                             _recorded=_recorded(summary, path))  # fmt: skip
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             return described(_from_disk(path, where, cut), path, "save_to_disk")
         if any(path.glob("*.parquet")):

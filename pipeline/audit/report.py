@@ -726,6 +726,27 @@ def _compare_section(fig: dict[str, Any]) -> str:
     )
 
 
+def _validity_section(fig: dict[str, Any]) -> str:
+    """The release's validity claims, each with its figure and the file it was read from,
+    or "not measured" with the command (pipeline/publish/validity.py)."""
+    from pipeline.publish.validity import rows
+
+    v = fig.get("validity") or {}
+    if not v.get("claims"):
+        note = v.get("note") or "no validity claims"
+        return f"<section id='validity'><h2>Validity</h2><p class='note'>{_E(note)}</p></section>"
+    cells = [[c.replace("`", "") for c in r] for r in rows(v)]
+    body = _grid(["claim", "figure", "interval", "from"], cells)
+    passed = f"<p class='note'>{_E(v['passed_over'])}</p>" if v.get("passed_over") else ""
+    return (
+        "<section id='validity'><h2>Validity</h2><p>What the outputs made for this release "
+        "(those recording its data file's SHA-256) say: its pairs differ by personal "
+        "preference alone, and its accuracy predicts reward models' downstream results. "
+        "Each figure is read from the file named, never computed again here.</p>"
+        f"{body}{passed}</section>"
+    )
+
+
 def render_html(fig: dict[str, Any]) -> str:
     """The report page: tables, inline SVG plots and the figures as embedded JSON."""
     src = fig["source"]
@@ -739,6 +760,7 @@ def render_html(fig: dict[str, Any]) -> str:
         _judge_sections(fig),
         _category_section(fig),
         _probe_section(fig),
+        _validity_section(fig),
         _compare_section(fig),
     ]
     style = (

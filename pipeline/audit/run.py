@@ -191,6 +191,7 @@ def audit(
     rules, origin = resolve_rules(path, source, config, word_cap)
     figures, flags = analyse(rows, source, judge, rules=rules, timings=timings)
     figures["checks"]["rules"]["from"] = origin
+    figures["validity"] = _validity(path, source, figures)
     del rows
     compare_flags: list[dict[str, Any]] = []
     if compare is not None:
@@ -226,6 +227,28 @@ def audit(
     if compare is not None:
         outputs["flags_compare"] = str(out / "flags-compare.jsonl")
     return {**figures, "outputs": outputs}
+
+
+def _validity(path: Path, source: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
+    """The release's validity claims (pipeline/publish/validity.py), read from the outputs
+    made for it; this audit's own probe for the probe's claim."""
+    from pipeline.publish.validity import claims
+    from pipeline.run import default_eval_root
+
+    if source.get("format") != "release":
+        return {"claims": [], "note": "the validity claims are read for a published release"}
+    release = Path(source["path"])
+    rd = _run_of(path, source)
+    recorded = (source.get("_recorded") or {}).get("summary") or {}
+    return claims(
+        release,
+        eval_root=default_eval_root(release),
+        agreement_files=[(rnd.name, rnd.agreement) for rnd in rd.rounds()] if rd else (),
+        recorded_agreement=recorded.get("agreement"),
+        own_probe=figures.get("shortcut_probe") or {},
+        shown_as=str(path),
+        run_as=rd.shown if rd else "RUN",
+    )
 
 
 def _json_file(obj: Any) -> str:

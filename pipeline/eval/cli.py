@@ -12,6 +12,8 @@ from pipeline.cliargs import add_set_option
 from pipeline.fields import show, show_ci
 
 SETTING_NAMES = ("question", "profile", "rubric")
+# prb eval bon's settings besides question and profile (pipeline.eval.bon.SETTINGS)
+BON_ONLY_SETTINGS = ("profile-reference",)
 
 EPILOG = """\
 scorers:
@@ -31,9 +33,21 @@ examples:
 
 Options of each scorer kind: prb eval --scorer-help
 
-prb eval correlate TABLE.csv [--bootstrap N] [--seed S] [--out FILE.json]
-  Spearman's rank correlation between the accuracy of reward models on a split and their
-  downstream scores, per subset and overall, with a bootstrap interval over models.
+prb eval bon SPLIT --scorer SPEC [--scorer SPEC...] [--policy MODEL] [--n 16] [--k 1,2,4,8,16]
+                   [--judge MODEL] [--accuracy-from EVAL_DIR] [--plan] [--out DIR]
+  Best-of-N downstream evaluation: N answers per question from a policy model, every
+  answer scored by every scorer (rm: or gen:), the best of the first k kept for each k, each
+  distinct kept answer scored once by a rubric-aware judge (0-2 per aspect); the mean per
+  scorer, setting, subset and k with bootstrap intervals, the scaling curves (report.html)
+  and the table prb eval correlate reads, joined with each scorer's accuracy from prb eval
+  (docs/eval.md). Counts and tokens, and the cost at the reference's size, are printed
+  before anything is sent; --plan prints them and stops.
+
+prb eval correlate TABLE.csv [--bootstrap N] [--seed S] [--rbo-p P] [--baseline COLUMN]
+                   [--out FILE.json]
+  Spearman's rho, weighted Kendall tau, NDCG and RBO between the accuracy of reward models
+  on a split and their downstream scores, per subset and overall, each with a bootstrap
+  interval over models; with --baseline, the difference from another benchmark's column.
   TABLE.csv: columns model, accuracy, optional subset, and one downstream score column or
   more (docs/eval.md). Give the table right after the word correlate.
 """
@@ -72,8 +86,9 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--setting",
         action="append",
-        choices=SETTING_NAMES,
-        help="what the scorer sees (repeatable; default: question and profile)",
+        choices=(*SETTING_NAMES, *BON_ONLY_SETTINGS),
+        help="what the scorer sees (repeatable; default: question and profile; prb eval bon: "
+        "question, profile or profile-reference, default profile)",
     )
     p.add_argument(
         "--out",
@@ -104,10 +119,160 @@ def add_eval_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--seed", type=_whole(0), default=0, help="bootstrap seed, 0 or more (default 0)"
     )
+    p.add_argument(
+        "--rbo-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="correlate: the persistence of rank-biased overlap, between 0 and 1 (default 0.9)",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="COLUMN",
+        help="correlate: a column holding another benchmark's accuracy of the same models "
+        "(RewardBench's, say); each metric is also given for it, and this benchmark's minus "
+        "it with a paired bootstrap interval",
+    )
+    add_bon_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument("--scorer-help", action="store_true", help="list every scorer option and exit")
     p.set_defaults(eval_handler=cmd_eval)
     return p
+
+
+def _ks(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected whole numbers separated by commas, e.g. 1,2,4,8,16, got {text!r}"
+        ) from None
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+# dest -> default of every option of prb eval bon only (refused without it)
+BON_DEFAULTS: dict[str, Any] = {
+    "policy": None,
+    "n": None,
+    "k": None,
+    "judge": None,
+    "judge_format": None,
+    "sample_prompt": None,
+    "judge_prompt": None,
+    "posts": None,
+    "temperature": None,
+    "top_p": None,
+    "max_tokens": None,
+    "judge_max_tokens": None,
+    "accuracy_from": None,
+    "accuracy_setting": None,
+    "policy_overrides": [],
+    "judge_overrides": [],
+    "plan": False,
+}
+
+
+def add_bon_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``prb eval bon SPLIT`` (docs/eval.md, "Best-of-N")."""
+    g = p.add_argument_group("prb eval bon SPLIT (best-of-N downstream evaluation)")
+    g.add_argument(
+        "--policy",
+        metavar="MODEL",
+        help="the model that draws the answers (default: backend.model)",
+    )
+    g.add_argument("--n", type=_int, metavar="N", help="answers per question (default 16)")
+    g.add_argument(
+        "--k",
+        type=_ks,
+        metavar="K,K...",
+        help="the k values, each up to N (default 1, 2, 4, ... and N)",
+    )
+    g.add_argument(
+        "--judge",
+        metavar="MODEL",
+        help="the rubric-aware judge (default: judge.model, else backend.model)",
+    )
+    g.add_argument(
+        "--judge-format",
+        choices=("list", "json"),
+        help="list: a [2, 0, 1] list of scores read as the reference reads it "
+        "(default); json: the project's JSON coverage verdict",
+    )
+    g.add_argument(
+        "--sample-prompt",
+        metavar="FILE",
+        help="the policy's prompt file, with {question} and {profile} (default: "
+        "prompts/bon_sample.txt; the reference's: REFERENCE/prompts/sample.txt)",
+    )
+    g.add_argument(
+        "--judge-prompt",
+        metavar="FILE",
+        help="the judge's prompt file, with {question}, {answer} and {aspects} or "
+        "{aspect_list} (default: prompts/bon_judge.txt; the reference's: "
+        "REFERENCE/prompts/evaluation.txt)",
+    )
+    g.add_argument(
+        "--posts",
+        type=_int,
+        metavar="K",
+        help="profile posts in the sample prompt (default 10, the reference's)",
+    )
+    g.add_argument("--temperature", type=_float, help="the policy's temperature (default 1.0)")
+    g.add_argument("--top-p", type=_float, help="the policy's top_p (default 0.9)")
+    g.add_argument("--max-tokens", type=_int, help="the policy's max_tokens (default 512)")
+    g.add_argument(
+        "--judge-max-tokens",
+        type=_int,
+        help="the judge's max_tokens (default 32 for list, judge.sampling's for json)",
+    )
+    g.add_argument(
+        "--accuracy-from",
+        type=Path,
+        metavar="EVAL_DIR",
+        help="prb eval's results folder of the same split, for each scorer's "
+        "benchmark accuracy (default: the split's eval root when it exists)",
+    )
+    g.add_argument(
+        "--accuracy-setting",
+        choices=SETTING_NAMES[:2],
+        help="which prb eval setting's accuracy the table carries (default "
+        "question, the reference's benchmark protocol)",
+    )
+    g.add_argument(
+        "--policy-set",
+        dest="policy_overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="a config override for the policy only, over --config and --set",
+    )
+    g.add_argument(
+        "--judge-set",
+        dest="judge_overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="a config override for the judge only, over --config and --set",
+    )
+    g.add_argument(
+        "--plan",
+        action="store_true",
+        help="print what would be sent (requests, tokens, the cost at the "
+        "reference's size) and stop",
+    )
 
 
 # The most bootstrap resamples: a 95% interval is stable long before; past it a typo
@@ -133,12 +298,13 @@ def _whole(lo: int, hi: int | None = None) -> Any:
     return parse
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace, more: list[str] | None = None) -> Any:
     from pipeline.config import config_from_overrides, load_config
 
+    overrides = [*args.overrides, *(more or [])]
     if args.config is not None:
-        return load_config(args.config, args.overrides)
-    return config_from_overrides(args.overrides)
+        return load_config(args.config, overrides)
+    return config_from_overrides(overrides)
 
 
 def _rate(x: float | None) -> str:
@@ -211,6 +377,7 @@ def print_table(all_results: list[dict[str, Any]], out: Any = None) -> None:
 
 
 CORRELATE = "correlate"
+BON = "bon"
 # what prb eval correlate reads: every other option is refused with it
 _CORRELATE_DEFAULTS: dict[str, Any] = {
     "scorer": [],
@@ -219,6 +386,86 @@ _CORRELATE_DEFAULTS: dict[str, Any] = {
     "stale_ok": False,
     "limit": None,
 }
+
+
+def _refuse(args: argparse.Namespace, defaults: dict[str, Any], command: str) -> None:
+    """Options of another form of prb eval, given to this one: one line naming the flag."""
+    from pipeline.errors import InputError
+
+    for key, default in defaults.items():
+        if getattr(args, key, default) != default:
+            flag = {"policy_overrides": "--policy-set", "judge_overrides": "--judge-set"}.get(
+                key, "--" + key.replace("_", "-")
+            )
+            raise InputError(f"is not an option of {command}", path=flag)
+
+
+def cmd_bon(args: argparse.Namespace) -> int:
+    """``prb eval bon SPLIT``: best-of-N downstream evaluation (``pipeline.eval.bon``)."""
+    from pipeline.errors import InputError
+
+    _refuse(args, {"rbo_p": None, "baseline": None}, "prb eval bon")
+    if args.bootstrap < 1:
+        raise InputError("must be at least 1", path="--bootstrap")
+    if args.limit is not None and args.limit < 1:
+        raise InputError("must be at least 1", path="--limit")
+    for s in args.setting or ():
+        if s == "rubric":
+            raise InputError(
+                "the rubric control shows a scorer the answer key; best-of-N scores with "
+                "question, profile or profile-reference",
+                path="--setting",
+            )
+    from pipeline.eval import bon
+
+    cfg = _config(args)
+    opts = bon.BonOptions(
+        split=Path(args.table),
+        scorers=list(args.scorer),
+        settings=list(dict.fromkeys(args.setting or bon.DEFAULT_SETTINGS)),
+        cfg=cfg,
+        policy_cfg=_config(args, args.policy_overrides) if args.policy_overrides else cfg,
+        judge_cfg=_config(args, args.judge_overrides) if args.judge_overrides else cfg,
+        policy=args.policy or "",
+        judge=args.judge or "",
+        n=bon.DEFAULT_N if args.n is None else args.n,
+        ks=args.k,
+        judge_format=args.judge_format or "list",
+        sample_prompt=args.sample_prompt or "",
+        judge_prompt=args.judge_prompt or "",
+        posts=bon.DEFAULT_POSTS if args.posts is None else args.posts,
+        temperature=bon.DEFAULT_TEMPERATURE if args.temperature is None else args.temperature,
+        top_p=bon.DEFAULT_TOP_P if args.top_p is None else args.top_p,
+        max_tokens=bon.DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens,
+        judge_max_tokens=args.judge_max_tokens or 0,
+        accuracy_from=args.accuracy_from,
+        accuracy_setting=args.accuracy_setting or "question",
+        out=args.out,
+        limit=args.limit,
+        n_boot=args.bootstrap,
+        seed=args.seed,
+        plan_only=args.plan,
+        progress=not args.no_progress,
+        stale_ok=args.stale_ok,
+    )
+    if args.judge_max_tokens is not None and args.judge_max_tokens < 1:
+        raise InputError(f"must be at least 1, got {args.judge_max_tokens}",
+                         path="--judge-max-tokens")  # fmt: skip
+    result = bon.run_bon(opts)
+    if opts.plan_only:
+        return 0
+    print(bon.format_summary(result))
+    for s, t in result["tables"].items():
+        print(f"table ({s}): {t['csv']} ({t['rows']} rows)")
+        for note in t["notes"]:
+            print(f"  note: {note}")
+        if t.get("correlate"):
+            print(f"  correlations: {t['correlate']}  (prb eval correlate {t['csv']})")
+        else:
+            print(f"  {t.get('correlate_note')}")
+    print(f"report: {result['outputs']['report']}")
+    print(f"figures: {result['outputs']['bon']}")
+    return 0
 
 
 def cmd_correlate(args: argparse.Namespace) -> int:
@@ -233,6 +480,7 @@ def cmd_correlate(args: argparse.Namespace) -> int:
     from pipeline.io import path_kind, write_json_atomic
     from pipeline.run.outputs import check_output
 
+    _refuse(args, BON_DEFAULTS, "prb eval correlate")
     for key, default in _CORRELATE_DEFAULTS.items():
         if getattr(args, key, default) != default:
             flag = "--" + key.replace("_", "-")
@@ -241,6 +489,11 @@ def cmd_correlate(args: argparse.Namespace) -> int:
         raise InputError("is not an option of prb eval correlate", path="--set")
     if args.bootstrap < 1:
         raise InputError("must be at least 1", path="--bootstrap")
+    from pipeline.eval.rankmetrics import DEFAULT_RBO_P
+
+    rbo_p = DEFAULT_RBO_P if args.rbo_p is None else args.rbo_p
+    if not 0.0 < rbo_p < 1.0:  # NaN fails both
+        raise InputError(f"must be between 0 and 1 (exclusive), got {args.rbo_p}", path="--rbo-p")
     # the default goes beside the table; a table read from a pipe (`<(cat t.csv)`, a
     # /dev/fd path) has no folder of its own, so its JSON is written only to --out
     kind = path_kind(args.table)
@@ -253,7 +506,9 @@ def cmd_correlate(args: argparse.Namespace) -> int:
             reads=[("the table being read", args.table)],
             ours=written_by_correlate,
         )
-    res = correlate(args.table, n_boot=args.bootstrap, seed=args.seed)
+    res = correlate(
+        args.table, n_boot=args.bootstrap, seed=args.seed, rbo_p=rbo_p, baseline=args.baseline
+    )
     print(f"correlations in {res['table']} ({res['models']} models)")
     print(format_table(res))
     if out is None:
@@ -277,18 +532,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(describe_options())
         return 0
     if args.table is not None:
-        # `prb eval correlate TABLE.csv`: only with the word correlate first (a split
-        # folder named correlate is still evaluated when no table follows it)
+        # `prb eval correlate TABLE.csv` / `prb eval bon SPLIT`: only with the word first
+        # (a split folder named correlate or bon is still evaluated when nothing follows)
+        if str(args.split) == BON:
+            return cmd_bon(args)
         if str(args.split) != CORRELATE:
             raise InputError(
                 f"one split at a time (got {str(args.split)!r} and {str(args.table)!r}); "
-                "a second path only follows the word correlate: prb eval correlate TABLE.csv"
+                "a second path only follows the word correlate (prb eval correlate "
+                "TABLE.csv) or bon (prb eval bon SPLIT)"
             )
         return cmd_correlate(args)
+    for flag, value in (("--rbo-p", args.rbo_p), ("--baseline", args.baseline)):
+        if value is not None:
+            raise InputError("is an option of prb eval correlate TABLE.csv only", path=flag)
     if args.split is None:
         raise InputError("give the split to evaluate (a release, run directory or file)")
     if str(args.split) == CORRELATE and not args.scorer and not args.split.exists():
         raise InputError("give the table right after the word: prb eval correlate TABLE.csv")
+    if str(args.split) == BON and not args.split.exists():
+        raise InputError("give the split right after the word: prb eval bon SPLIT --scorer ...")
+    _refuse(args, BON_DEFAULTS, "prb eval (prb eval bon SPLIT takes it)")
+    if any(s in BON_ONLY_SETTINGS for s in args.setting or ()):
+        raise InputError(
+            "profile-reference is a setting of prb eval bon only (the reference's BoN "
+            "scoring input); prb eval takes question, profile or rubric",
+            path="--setting",
+        )
     if args.out is not None:  # the one check of outputs, before anything else
         from pipeline.eval.results import check_root
 
@@ -304,12 +574,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError("must be at least 1", path="--bootstrap")
     if args.limit is not None and args.limit < 1:
         raise InputError("must be at least 1", path="--limit")
-    from pipeline.eval.evaluate import check_one_folder_each, evaluate
-    from pipeline.eval.spec import parse_spec
+    from pipeline.eval.evaluate import evaluate, judge_model_of
+    from pipeline.eval.spec import check_unique_names, parse_spec
 
     specs = [parse_spec(s) for s in args.scorer]  # every spec checked before any model loads
     cfg = _config(args)
-    check_one_folder_each(specs, cfg)
+    check_unique_names(specs, lambda spec: judge_model_of(spec, cfg))  # before any preflight
     for spec in specs:
         spec.scorer.preflight(spec)  # model folders, extras: before the split loads
     settings = list(dict.fromkeys(args.setting or ("question", "profile")))

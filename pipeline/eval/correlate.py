@@ -25,6 +25,15 @@ rho is computed on each, resamples where it is undefined (all models drawn tie o
 are left out and counted, and the interval is the 2.5th and 97.5th percentiles of the rest
 (numpy's default linear interpolation).
 
+Beside rho, the same correlation is measured with the rank metrics the reference reports
+(``pipeline.eval.rankmetrics`` defines each): weighted Kendall tau, NDCG and RBO (its
+persistence ``p``, 0.9 by default, is stated in the output), each with the same bootstrap
+interval, one draw of resamples shared by the four metrics. With ``baseline`` (``--baseline
+COLUMN``), that column holds another benchmark's accuracy of the same models (RewardBench's,
+say): it is not a downstream score, and each metric is also computed for it, with this
+benchmark's figure minus the baseline's and a paired bootstrap interval of the difference
+(every resample of models scores both benchmarks), over the models that have both.
+
 Bad input (a missing column, a value that is not a number, a repeated model, fewer than 3
 models) is one line naming the file, the line and the column.
 """
@@ -42,41 +51,22 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import InputError
+from pipeline.eval.rankmetrics import (
+    DEFAULT_RBO_P,
+    LABELS,
+    METRICS,
+    average_ranks,
+    metric_rows,
+    spearman_rows,
+)
+
+__all__ = ["average_ranks", "bootstrap_spearman", "correlate", "read_table", "spearman"]
 
 MODEL, SUBSET, ACCURACY = "model", "subset", "accuracy"
 OVERALL = "overall"  # the mean over subsets; reserved as a subset name
 ALL = "all"  # the one group of a table without a subset column
 MIN_MODELS = 3
 _CELLS = 4_000_000  # resamples x models x models per batch of the rank computation
-
-
-def average_ranks(a: np.ndarray) -> np.ndarray:
-    """Ranks along the last axis, from 1, ties given the mean of the ranks they span:
-    a value's rank is the number of values below it plus (the number equal to it, itself
-    included, + 1) / 2."""
-    a = np.asarray(a, dtype=float)
-    below = (a[..., None, :] < a[..., :, None]).sum(axis=-1)
-    equal = (a[..., None, :] == a[..., :, None]).sum(axis=-1)
-    return below + (equal + 1) / 2.0
-
-
-def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Pearson's r of each row of x with the same row of y; NaN where a row is constant."""
-    xc = x - x.mean(axis=-1, keepdims=True)
-    yc = y - y.mean(axis=-1, keepdims=True)
-    sxx = (xc * xc).sum(axis=-1)
-    syy = (yc * yc).sum(axis=-1)
-    sxy = (xc * yc).sum(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = sxy / np.sqrt(sxx * syy)
-    r = np.where((sxx > 0) & (syy > 0), r, np.nan)
-    return np.clip(r, -1.0, 1.0)
-
-
-def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Spearman's rho of each row of x with the same row of y (average ranks for ties);
-    NaN where either row is constant."""
-    return _pearson_rows(average_ranks(x), average_ranks(y))
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
@@ -90,19 +80,35 @@ def bootstrap_spearman(
 ) -> tuple[list[float] | None, int]:
     """The 95% percentile interval of rho over models resampled with replacement, and how
     many resamples left rho undefined (the module's docstring gives the exact draw)."""
+    idx = _draw(len(x), n_boot, seed)
+    return _interval(_resampled("spearman", x, y, idx, DEFAULT_RBO_P))
+
+
+def _draw(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """The documented resamples of ``n`` models: a fresh generator per correlation."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def _resampled(
+    metric: str, x: Sequence[float], y: Sequence[float], idx: np.ndarray, rbo_p: float
+) -> np.ndarray:
+    """The metric on every resample (a row of ``idx``), in batches that bound memory."""
     xv = np.asarray(x, dtype=float)
     yv = np.asarray(y, dtype=float)
-    n = len(xv)
-    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    n_boot, n = idx.shape
     rows = max(1, _CELLS // (n * n))
-    rhos = np.concatenate(
+    return np.concatenate(
         [
-            spearman_rows(xv[idx[i : i + rows]], yv[idx[i : i + rows]])
+            metric_rows(metric, xv[idx[i : i + rows]], yv[idx[i : i + rows]], rbo_p)
             for i in range(0, n_boot, rows)
         ]
     )
-    defined = rhos[~np.isnan(rhos)]
-    undefined = int(n_boot - len(defined))
+
+
+def _interval(values: np.ndarray) -> tuple[list[float] | None, int]:
+    """The 2.5th and 97.5th percentiles of the defined values, and how many were not."""
+    defined = values[~np.isnan(values)]
+    undefined = int(len(values) - len(defined))
     if len(defined) == 0:
         return None, undefined
     lo, hi = np.quantile(defined, [0.025, 0.975])
@@ -117,6 +123,7 @@ class Table:
     sha256: str
     downstream: list[str]
     has_subsets: bool
+    baseline: str | None = None  # a column holding another benchmark's accuracy
     # subset -> model -> (accuracy, {downstream column: score or None})
     rows: dict[str, dict[str, tuple[float, dict[str, float | None]]]] = field(default_factory=dict)
 
@@ -137,8 +144,10 @@ def _number(raw: str, path: Path, line: int, column: str, *, required: bool) -> 
     return value
 
 
-def read_table(path: str | Path) -> Table:
-    """Read and check a correlate table (the module's docstring gives its format)."""
+def read_table(path: str | Path, baseline: str | None = None) -> Table:
+    """Read and check a correlate table (the module's docstring gives its format);
+    ``baseline``: the column that holds another benchmark's accuracy (not a downstream
+    score), as ``--baseline`` names it."""
     p = Path(path).expanduser()
     try:
         raw = p.read_bytes()
@@ -175,7 +184,21 @@ def read_table(path: str | Path) -> Table:
                 line=head_line,
                 field=need,
             )
-    downstream = [n for n in names if n not in (MODEL, SUBSET, ACCURACY)]
+    if baseline is not None and baseline not in names:
+        raise InputError(
+            f"has no '{baseline}' column for --baseline (columns: {', '.join(names)})",
+            path=p,
+            line=head_line,
+            field=baseline,
+        )
+    if baseline in (MODEL, SUBSET, ACCURACY):
+        raise InputError(
+            f"--baseline names another benchmark's accuracy column, not '{baseline}'",
+            path=p,
+            line=head_line,
+            field=baseline,
+        )
+    downstream = [n for n in names if n not in (MODEL, SUBSET, ACCURACY, baseline)]
     if not downstream:
         raise InputError(
             "has no downstream score column: add one (e.g. bon, ppo) beside model and accuracy",
@@ -183,7 +206,8 @@ def read_table(path: str | Path) -> Table:
             line=head_line,
         )
     has_subsets = SUBSET in names
-    table = Table(p, hashlib.sha256(raw).hexdigest(), downstream, has_subsets)
+    table = Table(p, hashlib.sha256(raw).hexdigest(), downstream, has_subsets, baseline)
+    read_columns = downstream + ([baseline] if baseline else [])
     first_line: dict[tuple[str, str], int] = {}
     subset_line: dict[str, int] = {}
     for cells in reader:
@@ -226,7 +250,7 @@ def read_table(path: str | Path) -> Table:
         subset_line.setdefault(subset, line)
         acc = _number(row[ACCURACY], p, line, ACCURACY, required=True)
         assert acc is not None
-        scores = {d: _number(row[d], p, line, d, required=False) for d in downstream}
+        scores = {d: _number(row[d], p, line, d, required=False) for d in read_columns}
         table.rows.setdefault(subset, {})[model] = (acc, scores)
     if not table.rows:
         raise InputError("has a header but no rows", path=p)
@@ -256,11 +280,50 @@ def _overall(table: Table) -> tuple[dict[str, tuple[float, dict[str, float | Non
             continue
         accs = [table.rows[s][m][0] for s in subsets]
         scores: dict[str, float | None] = {}
-        for d in table.downstream:
+        for d in table.downstream + ([table.baseline] if table.baseline else []):
             vals = [v for s in subsets if (v := table.rows[s][m][1][d]) is not None]
             scores[d] = sum(vals) / len(vals) if len(vals) == len(subsets) else None
         out[m] = (sum(accs) / len(accs), scores)
     return out, left_out
+
+
+def _figures(
+    x: list[float], y: list[float], n_boot: int, seed: int, rbo_p: float
+) -> dict[str, dict[str, Any]]:
+    """Every metric of accuracy ``x`` against scores ``y``: its value, 95% interval and the
+    resamples where it was undefined; one draw of resamples shared by the metrics."""
+    idx = _draw(len(x), n_boot, seed)
+    out = {}
+    for name in METRICS:
+        v = metric_rows(name, np.asarray([x]), np.asarray([y]), rbo_p)[0]
+        ci, undefined = _interval(_resampled(name, x, y, idx, rbo_p))
+        out[name] = {
+            "value": None if math.isnan(v) else float(v),
+            "ci95": ci,
+            "undefined_resamples": undefined,
+        }
+    return out
+
+
+def _difference(
+    x: list[float], b: list[float], y: list[float], n_boot: int, seed: int, rbo_p: float
+) -> dict[str, dict[str, Any]]:
+    """Per metric, this benchmark's figure minus the baseline's on the same models, with a
+    paired bootstrap: each resample of models scores both, the difference is taken on it."""
+    idx = _draw(len(x), n_boot, seed)
+    out = {}
+    for name in METRICS:
+        ours = metric_rows(name, np.asarray([x]), np.asarray([y]), rbo_p)[0]
+        theirs = metric_rows(name, np.asarray([b]), np.asarray([y]), rbo_p)[0]
+        diffs = _resampled(name, x, y, idx, rbo_p) - _resampled(name, b, y, idx, rbo_p)
+        ci, undefined = _interval(diffs)
+        d = ours - theirs
+        out[name] = {
+            "value": None if math.isnan(d) else float(d),
+            "ci95": ci,
+            "undefined_resamples": undefined,
+        }
+    return out
 
 
 def _one(
@@ -269,6 +332,8 @@ def _one(
     column: str,
     n_boot: int,
     seed: int,
+    rbo_p: float = DEFAULT_RBO_P,
+    baseline: str | None = None,
 ) -> dict[str, Any]:
     models, x, y = [], [], []
     for m, (acc, scores) in rows.items():
@@ -283,27 +348,74 @@ def _one(
             spearman=None,
             ci95=None,
             undefined_resamples=None,
+            metrics=None,
             note=f"{len(models)} model(s) with a {column} score; needs {MIN_MODELS}",
         )
         return out
-    rho = spearman(x, y)
-    ci, undefined = bootstrap_spearman(x, y, n_boot, seed)
+    figures = _figures(x, y, n_boot, seed, rbo_p)
+    rho = figures["spearman"]
     out.update(
-        spearman=None if rho is None else round(rho, 4),
-        ci95=ci,
-        undefined_resamples=undefined,
+        spearman=None if rho["value"] is None else round(rho["value"], 4),
+        ci95=rho["ci95"],
+        undefined_resamples=rho["undefined_resamples"],
         model_names=models,
+        metrics=figures,
     )
-    if rho is None:
+    if rho["value"] is None:
         out["note"] = "undefined: accuracy or the score is the same for every model"
+    if baseline is not None:
+        out["baseline"] = _baseline(rows, column, baseline, n_boot, seed, rbo_p)
     return out
 
 
-def correlate(path: str | Path, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+def _baseline(
+    rows: dict[str, tuple[float, dict[str, float | None]]],
+    column: str,
+    baseline: str,
+    n_boot: int,
+    seed: int,
+    rbo_p: float,
+) -> dict[str, Any]:
+    """The baseline benchmark's figures against the same downstream column, and this
+    benchmark's minus the baseline's, over the models that have both."""
+    models, x, b, y = [], [], [], []
+    for m, (acc, scores) in rows.items():
+        score, base = scores[column], scores[baseline]
+        if score is not None and base is not None:
+            models.append(m)
+            x.append(acc)
+            b.append(base)
+            y.append(score)
+    out: dict[str, Any] = {"column": baseline, "models": len(models)}
+    if len(models) < MIN_MODELS:
+        out.update(
+            metrics=None,
+            difference=None,
+            note=f"{len(models)} model(s) with both a {baseline} and a {column} figure; "
+            f"needs {MIN_MODELS}",
+        )
+        return out
+    out.update(
+        model_names=models,
+        metrics=_figures(b, y, n_boot, seed, rbo_p),
+        difference=_difference(x, b, y, n_boot, seed, rbo_p),
+    )
+    return out
+
+
+def correlate(
+    path: str | Path,
+    n_boot: int = 1000,
+    seed: int = 0,
+    rbo_p: float = DEFAULT_RBO_P,
+    baseline: str | None = None,
+) -> dict[str, Any]:
     """Read the table at ``path`` and compute every correlation (the JSON ``--out`` writes)."""
     if n_boot < 1:
         raise InputError("must be at least 1", path="--bootstrap")
-    table = read_table(path)
+    if not (isinstance(rbo_p, float) and 0.0 < rbo_p < 1.0):
+        raise InputError(f"must be between 0 and 1 (exclusive), got {rbo_p}", path="--rbo-p")
+    table = read_table(path, baseline)
     groups = dict(table.rows)
     notes = []
     if table.has_subsets and len(table.rows) >= 2:
@@ -315,7 +427,9 @@ def correlate(path: str | Path, n_boot: int = 1000, seed: int = 0) -> dict[str, 
         else:
             notes.append(f"{OVERALL}: fewer than {MIN_MODELS} models have every subset")
     results = [
-        _one(g, rows, d, n_boot, seed) for g, rows in groups.items() for d in table.downstream
+        _one(g, rows, d, n_boot, seed, rbo_p, baseline)
+        for g, rows in groups.items()
+        for d in table.downstream
     ]
     return {
         "table": str(table.path),
@@ -325,6 +439,9 @@ def correlate(path: str | Path, n_boot: int = 1000, seed: int = 0) -> dict[str, 
         "downstream": table.downstream,
         "statistic": "Spearman's rank correlation (average ranks for ties) between accuracy "
         "and each downstream score, across models",
+        "metrics": {name: LABELS[name] for name in METRICS},
+        "rbo_persistence": rbo_p,
+        "baseline": table.baseline,
         "overall": "per model, the mean over the subsets of accuracy and of each score"
         if OVERALL in groups
         else None,
@@ -332,27 +449,53 @@ def correlate(path: str | Path, n_boot: int = 1000, seed: int = 0) -> dict[str, 
             "resamples": n_boot,
             "seed": seed,
             "interval": "95% percentile, models resampled with replacement; "
-            "numpy.random.default_rng(seed).integers(0, n, (resamples, n)) per correlation",
+            "numpy.random.default_rng(seed).integers(0, n, (resamples, n)) per correlation, "
+            "the same resamples for every metric (and, against a baseline, for both "
+            "benchmarks: a paired bootstrap of the difference)",
         },
         "correlations": results,
         "notes": notes,
     }
 
 
+_SHORT = {"spearman": "spearman", "kendall_tau_weighted": "w-tau", "ndcg": "ndcg", "rbo": "rbo"}
+
+
+def _cell(f: dict[str, Any] | None, signed: bool = True) -> str:
+    if not f or f.get("value") is None:
+        return f"{'-':>7s} {'':17s}"
+    v = f"{f['value']:+.3f}" if signed else f"{f['value']:.3f}"
+    ci = f["ci95"]
+    band = "" if ci is None else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"
+    return f"{v:>7s} {band:17s}"
+
+
 def format_table(res: dict[str, Any]) -> str:
-    """The correlations as a short text table."""
-    lines = [f"{'subset':24s} {'downstream':16s} {'models':>6s} {'spearman':>8s}  95% CI"]
+    """The correlations as a short text table: each metric with its 95% interval."""
+    head = " ".join(f"{_SHORT[m]:>7s} {'95% CI':17s}" for m in METRICS)
+    lines = [f"{'subset':20s} {'downstream':14s} {'models':>6s} {head}"]
     for r in res["correlations"]:
-        rho = "-" if r["spearman"] is None else f"{r['spearman']:+.3f}"
-        ci = "-" if r["ci95"] is None else f"[{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]"
-        line = (
-            f"{r['subset'][:24]:24s} {r['downstream'][:16]:16s} {r['models']:>6d} {rho:>8s}  {ci}"
-        )
+        figs = r.get("metrics") or {}
+        cells = " ".join(_cell(figs.get(m)) for m in METRICS)
+        line = f"{r['subset'][:20]:20s} {r['downstream'][:14]:14s} {r['models']:>6d} {cells}"
         if r.get("undefined_resamples"):
-            line += f"  ({r['undefined_resamples']} resamples undefined)"
+            line += f"  ({r['undefined_resamples']} resamples undefined for rho)"
         if r.get("note"):
             line += f"  {r['note']}"
-        lines.append(line)
+        lines.append(line.rstrip())
+        base = r.get("baseline")
+        if base and base.get("difference"):
+            diff = " ".join(_cell(base["difference"].get(m)) for m in METRICS)
+            lines.append(f"{'':20s} {('- ' + base['column'])[:14]:14s} {base['models']:>6d} {diff}"
+                         .rstrip())  # fmt: skip
+        elif base and base.get("note"):
+            lines.append(f"{'':20s} - {base['column']}: {base['note']}")
+    lines.append(f"RBO persistence p = {res['rbo_persistence']:g}; w-tau: weighted Kendall tau")
+    if res.get("baseline"):
+        lines.append(
+            f"- {res['baseline']}: this benchmark's figure minus the one of the baseline "
+            f"column {res['baseline']!r}, paired bootstrap over models"
+        )
     lines += [f"note: {n}" for n in res["notes"]]
     return "\n".join(lines)
 

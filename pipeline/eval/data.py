@@ -167,6 +167,14 @@ def load_split(
     """The split at ``path`` (a release, a run directory, a pairs file: whatever ``prb
     audit`` reads, refused the same way when its run has moved on) as EvalPairs, and its
     description for the results."""
+    pairs, split, _ = load_split_rows(path, cfg, limit, stale_ok=stale_ok)
+    return pairs, split
+
+
+def load_split_rows(
+    path: str | Path, cfg: Any, limit: int | None = None, *, stale_ok: bool = False
+) -> tuple[list[EvalPair], dict[str, Any], list[dict[str, Any]]]:
+    """``load_split``, and the rows the pairs were built from (in the same order)."""
     from pipeline.audit import load_pairs
     from pipeline.audit.load import check_types
 
@@ -194,7 +202,7 @@ def load_split(
         "limit": limit,
         "profile_selection": profile_selection(rows, cfg),
     }
-    return pairs, split
+    return pairs, split, rows
 
 
 def context(pair: EvalPair, setting: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from pipeline.eval.data import (
     user_turn,
 )
 from pipeline.eval.results import SCHEMA_VERSION, check_root, default_root, write_results
-from pipeline.eval.spec import ScorerSpec, check_prompt_settings
+from pipeline.eval.spec import ScorerSpec, check_prompt_settings, check_unique_names
 from pipeline.prompts import load_template
 from pipeline.registry import load_target
 from pipeline.run import RunDir
@@ -185,6 +185,59 @@ def score_rm(job: Job) -> Scored:
     return got
 
 
+def score_gen(job: Job) -> Scored:
+    """A generative reward model's figures: each answer rated alone (a number in [0, 1]
+    from a template, ``pipeline.eval.generative``), the higher score wins."""
+    from pipeline.eval.data import listed
+    from pipeline.eval.generative import Answered, score_answers
+    from pipeline.eval.llmcalls import identify_role
+    from pipeline.run.layout import CACHE
+
+    pairs, settings, spec, cfg = job.pairs, job.settings, job.spec, job.cfg
+    model = spec.target or cfg.backend.model
+    cache_path = job.folder / CACHE
+    role = identify_role("scorer", cfg, model, cache_path, cached=cache_path.exists())
+    items = []
+    for s in settings:
+        for p in pairs:
+            profile = listed(p.posts) if s == "profile" else ""
+            rubric = listed(p.aspects) if s == "rubric" else ""
+            for answer in (p.chosen, p.rejected):
+                items.append(Answered(p.question, answer, profile=profile, rubric=rubric))
+    got_scores = score_answers(
+        spec, items, role, cache_path, stage="eval-gen", seed=cfg.run.seed,
+        progress=job.progress,
+    )  # fmt: skip
+    flat = got_scores.scores
+    template = spec.prompts["template"]
+    info = {
+        **role.describe(),
+        "temperature": spec.opt("temperature"),
+        "max_tokens": spec.opt("max_tokens"),
+        "template": template.provenance(),
+        "unparsed_answers": got_scores.unparsed,
+        "unparsed_read_as": 0.5,
+        "requests": got_scores.stats,
+    }
+    got = Scored({}, {}, [], info, template.provenance(), failed=got_scores.failed)
+    for k, s in enumerate(settings):
+        base = 2 * len(pairs) * k
+        pair_scores = [(flat[base + 2 * i], flat[base + 2 * i + 1]) for i in range(len(pairs))]
+        got.outcomes[s] = [metrics.pointwise_outcome(c, r) for c, r in pair_scores]
+        both = [(c, r) for c, r in pair_scores if c is not None and r is not None]
+        extra: dict[str, Any] = {
+            "mean_chosen": round(sum(c for c, _ in both) / len(both), 6) if both else None,
+            "mean_rejected": round(sum(r for _, r in both) / len(both), 6) if both else None,
+            "failed_requests": sum(c is None or r is None for c, r in pair_scores),
+        }
+        got.blocks[s] = setting_block(s, got.outcomes[s], pairs, job.n_boot, job.seed, extra)
+        for p, (c, r), o in zip(pairs, pair_scores, got.outcomes[s], strict=True):
+            got.scores.append(
+                {"pair": p.key, "setting": s, "chosen": c, "rejected": r, "outcome": o}
+            )
+    return got
+
+
 def score_judge(job: Job) -> Scored:
     """An LLM judge's figures: each pair asked in both orders, with position figures."""
     from pipeline.eval.pairwise import run_judge
@@ -230,28 +283,6 @@ def score_judge(job: Job) -> Scored:
 def judge_model_of(spec: ScorerSpec, cfg: Any) -> str:
     """The model a judge spec names, or the config's (``judge:`` alone)."""
     return spec.target or cfg.judge.model or cfg.backend.model
-
-
-def check_one_folder_each(specs: Sequence[ScorerSpec], cfg: Any) -> None:
-    """Two scorers of one ``prb eval`` must not share a results folder (two ``name=`` alike,
-    or one spec twice): the second would replace the first's results.json and scores.jsonl
-    and the leaderboard would hold one row. One line, before anything loads."""
-    seen: dict[str, ScorerSpec] = {}
-    for spec in specs:
-        slug = spec.slug(judge_model_of(spec, cfg))
-        first = seen.setdefault(slug, spec)
-        if first is not spec:
-            same = first.text == spec.text
-            raise InputError(
-                (
-                    f"'{spec.text}' is given twice"
-                    if same
-                    else f"'{first.text}' and '{spec.text}' would share one results folder "
-                    f"({slug}/), and the second would replace the first's results"
-                )
-                + "; give each scorer once, with a name= of its own",
-                path="--scorer",
-            )
 
 
 def evaluate_one(
@@ -325,7 +356,7 @@ def evaluate(
     stale_ok: bool = False,
 ) -> list[dict[str, Any]]:
     """Evaluate every scorer on the split at ``path``; returns each scorer's results."""
-    check_one_folder_each(specs, cfg)
+    check_unique_names(specs, lambda spec: judge_model_of(spec, cfg))
     reads = [("the split being evaluated", Path(path))]
     if cfg is not None and cfg.source is not None:
         reads.append(("the config being run", cfg.source))

@@ -39,7 +39,7 @@ from pipeline.errors import InputError
 from pipeline.eval.data import SETTINGS
 from pipeline.fields import show, show_ci
 from pipeline.io import read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
-from pipeline.run import run_of
+from pipeline.run import default_eval_root
 from pipeline.run.layout import LOCK
 from pipeline.run.outputs import check_output
 
@@ -52,13 +52,9 @@ SCHEMA_VERSION = 2  # 1: one results.json per scorer (layout 1); 2: one per scor
 
 
 def default_root(path: str | Path) -> Path:
-    """Where ``prb eval`` writes for a split at ``path`` (and where the audit looks)."""
-    path = Path(path)
-    run = run_of(path)
-    if run is not None:
-        return run.eval_dir
-    name = path.stem if path.is_file() else path.name
-    return path.with_name(f"{name}-eval")
+    """Where ``prb eval`` writes for a split at ``path`` (and where the audit looks):
+    ``pipeline.run.default_eval_root``, the one rule."""
+    return default_eval_root(path)
 
 
 def check_root(root: Path, reads: list[tuple[str, Path]]) -> None:

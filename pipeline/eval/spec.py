@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -65,6 +65,13 @@ JUDGE_OPTIONS: Options = {
                     "{Response_A} and {Response_B} filled, and {profile} / {rubric} where it "
                     "has them (the profile / rubric settings need them); needs system_prompt= "
                     "and format=text"),
+    "name": (str, "", "name on the leaderboard (default: the model name)"),
+}  # fmt: skip
+GEN_OPTIONS: Options = {
+    "template": (str, "", "a prompt file with {question} and {answer}, and {profile} / "
+                 "{rubric} where it shows them (default: the project's prompts/gen_score.txt)"),
+    "max_tokens": (int, 10, "longest answer in tokens (the reference reads its number from 10)"),
+    "temperature": (float, 0.0, "sampling temperature (greedy by default: reproducible)"),
     "name": (str, "", "name on the leaderboard (default: the model name)"),
 }  # fmt: skip
 # Whole-number options where 0 means nothing (the others take 0: "the model's limit", "none").
@@ -131,6 +138,14 @@ class ScorerKind:
     choices: ClassVar[dict[str, Collection[Any]]] = {}  # option -> the values it may take
     # "module:function" scoring a split with it (as evaluate.score_rm), imported when it runs
     evaluator: ClassVar[str] = ""
+    # "module:function" scoring single answers for prb eval bon (pipeline.eval.bonscore):
+    # (spec, answers, context) -> scores; "" for a kind that compares two answers
+    answer_scorer: ClassVar[str] = ""
+    # the prompt file (in ScorerSpec.prompts) whose {profile} / {rubric} placeholders show
+    # those settings: a file without one cannot show its setting ("" for none)
+    settings_file: ClassVar[str] = ""
+    # whether it asks a model through the configured backend (its requests are cached)
+    asks_backend: ClassVar[bool] = False
 
     @classmethod
     def passes(cls, key: str) -> bool:
@@ -145,6 +160,11 @@ class ScorerKind:
     @classmethod
     def preflight(cls, spec: ScorerSpec) -> None:
         """What prb eval checks before the split loads (a model folder, an extra)."""
+
+    @classmethod
+    def load_check(cls, spec: ScorerSpec) -> None:
+        """A cheap load of what the scorer needs (a tokenizer, a config), for a command that
+        would otherwise find it broken only after hours of work (prb eval bon's samples)."""
 
     @classmethod
     def display_name(cls, target: str, judge_model: str = "") -> str:
@@ -171,6 +191,7 @@ class RewardModel(ScorerKind):
         "reduce": ("exact", "reference"),
     }
     evaluator = "pipeline.eval.evaluate:score_rm"
+    answer_scorer = "pipeline.eval.bonscore:rm_scores"
 
     @classmethod
     def passes(cls, key: str) -> bool:
@@ -213,6 +234,34 @@ class RewardModel(ScorerKind):
         check_device(spec.opt("device_map"), "device_map")
 
     @classmethod
+    def load_check(cls, spec: ScorerSpec) -> None:
+        """The tokenizer (and its chat template) and the model's config load: one line
+        naming the folder when they do not."""
+        from pipeline.eval.pointwise import Encoder, _import_torch_transformers
+        from pipeline.modelfiles import load_errors
+
+        path = Path(spec.target).expanduser()
+        try:
+            Encoder(
+                path,
+                max_length=spec.opt("max_length"),
+                special_tokens=spec.opt("special_tokens"),
+                template=spec.opt("template"),
+                trust_remote_code=spec.opt("trust_remote_code"),
+            )
+            _, transformers = _import_torch_transformers()
+            transformers.AutoConfig.from_pretrained(
+                str(path), local_files_only=True, trust_remote_code=spec.opt("trust_remote_code")
+            )
+        except load_errors() as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
+            raise InputError(
+                f"cannot load the model's tokenizer and config: {first}",
+                path=path,
+                field="--scorer rm",
+            ) from None
+
+    @classmethod
     def display_name(cls, target: str, judge_model: str = "") -> str:
         return Path(target).name or target
 
@@ -231,6 +280,8 @@ class LLMJudge(ScorerKind):
     name, scoring, usage, options = "judge", "pairwise", "judge:MODEL_NAME", JUDGE_OPTIONS
     choices = {"format": ("json", "text"), "parse": ("last", "first"), "unparsed": ("fail", "a")}
     evaluator = "pipeline.eval.evaluate:score_judge"
+    settings_file = "user_prompt"
+    asks_backend = True
 
     @classmethod
     def check(cls, spec: ScorerSpec) -> ScorerSpec:
@@ -249,6 +300,25 @@ class LLMJudge(ScorerKind):
             from pipeline.eval.pairwise import verdict_schema
 
             verdict_schema(spec.opt("max_tokens"), spec.opt("ties"))
+
+
+@SCORERS.register("gen")
+class GenerativeRewardModel(ScorerKind):
+    """``gen:MODEL``: an LLM rates each answer alone with a number in [0, 1], from a
+    template, through the configured backend (``pipeline.eval.generative``)."""
+
+    name, scoring, usage, options = "gen", "pointwise", "gen:MODEL_NAME", GEN_OPTIONS
+    evaluator = "pipeline.eval.evaluate:score_gen"
+    answer_scorer = "pipeline.eval.bonscore:gen_scores"
+    settings_file = "template"
+    asks_backend = True
+
+    @classmethod
+    def check(cls, spec: ScorerSpec) -> ScorerSpec:
+        from pipeline.eval.generative import read_template
+
+        template = read_template(spec.opt("template"))
+        return replace(spec, prompts={"template": template})
 
 
 def _coerce(kind: type[ScorerKind], spec: str, key: str, raw: str) -> Any:
@@ -397,7 +467,7 @@ def check_prompt_settings(spec: ScorerSpec, settings: list[str]) -> None:
     """A judge with a user prompt file evaluates the profile setting only when the file
     has a ``{profile}`` placeholder, and the rubric control only with ``{rubric}``: a file
     without a place for them (the reference's) would silently show the question alone."""
-    user = spec.prompts.get("user_prompt")
+    user = spec.prompts.get(spec.scorer.settings_file)
     if user is None:
         return
     for setting in settings:
@@ -407,10 +477,46 @@ def check_prompt_settings(spec: ScorerSpec, settings: list[str]) -> None:
                 "question alone; evaluate only --setting question with it (the reference "
                 f"protocol), or add {{{setting}}} where the {setting} belongs",
                 path=user.path,
-                field="user_prompt",
+                field=spec.scorer.settings_file,
             )
 
 
 def describe_options() -> str:
     """Every scorer kind's options, for prb eval --scorer-help."""
     return "\n".join(line for kind in SCORERS.values() for line in kind.help())
+
+
+def check_unique_names(
+    specs: Sequence[ScorerSpec], judge_model: Callable[[ScorerSpec], str] | str = ""
+) -> None:
+    """No two scorers given twice, with one results folder or one name: a scorer's files
+    sit in its folder (``slug``) and its rows (a leaderboard's, a correlate table's) carry
+    its name, so the second would replace or shadow the first. ``judge_model``: the model a
+    judge spec without one runs (a callable of the spec, or one name). One line, before
+    anything loads."""
+    model_of = judge_model if callable(judge_model) else (lambda _spec: str(judge_model))
+    folders: dict[str, ScorerSpec] = {}
+    names: dict[str, ScorerSpec] = {}
+    for spec in specs:
+        model = model_of(spec)
+        slug, name = spec.slug(model), spec.display_name(model)
+        first = folders.setdefault(slug, spec)
+        if first is not spec:
+            raise InputError(
+                (
+                    f"'{spec.text}' is given twice"
+                    if first.text == spec.text
+                    else f"'{first.text}' and '{spec.text}' would share one results folder "
+                    f"({slug}/), and the second would replace the first's results"
+                )
+                + "; give each scorer once, with a name= of its own",
+                path="--scorer",
+            )
+        if name in names:
+            raise InputError(
+                f"two scorers are named {name!r} ({names[name].text!r} and {spec.text!r}); "
+                "give one of them another name with name=..., e.g. "
+                f"{spec.text},name={name}-2",
+                path="--scorer",
+            )
+        names[name] = spec

@@ -77,3 +77,38 @@ def build_tiny_reward_model(
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def split_texts(path: str | Path) -> list[str]:
+    """Every question, answer and profile post of a split (a release, a run, a pairs file:
+    what ``prb eval`` reads), for a tiny model's vocabulary."""
+    from pipeline.audit import load_pairs
+
+    rows, _ = load_pairs(Path(path))
+    texts: list[str] = []
+    for r in rows:
+        texts += [str(r.get(c) or "") for c in ("question", "chosen", "rejected")]
+        texts += [str(p.get("text") or "") for p in r.get("profile") or [] if isinstance(p, dict)]
+    return texts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline.eval.tiny SPLIT OUT_DIR [--models 3]``: write tiny reward models
+    (random weights: they measure the machinery, never a model's quality) whose vocabulary
+    is the split's words, as ``OUT_DIR/tiny-rm-0`` ..., one seed each."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("split", type=Path, help="a release folder, run directory or pairs file")
+    ap.add_argument("out", type=Path, help="the folder to write the models into")
+    ap.add_argument("--models", type=int, default=3, help="how many (default 3)")
+    args = ap.parse_args(argv)
+    texts = split_texts(args.split)
+    for i in range(args.models):
+        folder = build_tiny_reward_model(args.out / f"tiny-rm-{i}", texts, seed=i)
+        print(f"wrote {folder} (random weights, seed {i}; not a trained model)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.fields import show
 from pipeline.io import file_digest
+from pipeline.publish.validity import rows as validity_rows
 from pipeline.release.columns import json_text
 
 # The name of each config's one data file (a test split, as the reference's).
@@ -109,6 +110,7 @@ def render_card(summary: dict[str, Any]) -> str:
         funnel=summary.get("funnel") or {},
         filter_rows=_filter_rows(prov.get("filters"), prov.get("rules")),
         version_rows=_version_rows(prov.get("environment"), prov.get("publish_environment")),
+        validity_rows=validity_rows(summary.get("validity") or {}),
         fmt=show,
         cell=_cell,
         code=_code,

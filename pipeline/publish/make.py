@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.annotate.rounds import agreement_summaries, latest_verdicts, why_unverified
 from pipeline.errors import PipelineError, RunDirError, StageError
 from pipeline.io import loads
-from pipeline.publish import folder, targets
+from pipeline.publish import folder, targets, validity
 from pipeline.publish.card import DATA_FILE, config_name, data_file_digests, render_card
 from pipeline.publish.recorded import check_current
 from pipeline.publish.select import check_policy, select_pairs
@@ -233,6 +233,15 @@ def publish(
         summary = release_summary(rd, config, policy, license, tally, configs, excluded,
                                   agreement)  # fmt: skip
         summary["data_files"] = data_file_digests(tmp, configs)
+        summary["validity"] = validity.claims(
+            tmp,
+            eval_root=rd.eval_dir,
+            report_dir=rd.report_dir,
+            agreement_files=[(rnd.name, rnd.agreement) for rnd in rd.rounds()],
+            recorded_agreement=agreement,
+            shown_as=str(out) if out_dir is not None else rd.shown,
+            run_as=rd.shown,
+        )
         folder.write_durable(tmp / "README.md", render_card(summary))
         folder.write_durable(
             tmp / RELEASE_SUMMARY,

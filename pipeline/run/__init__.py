@@ -10,6 +10,7 @@ from pipeline.run.rundir import (
     Round,
     RunDir,
     check_round_number,
+    default_eval_root,
     open_run,
     run_of,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "ShardIndex",
     "StageDir",
     "check_round_number",
+    "default_eval_root",
     "open_run",
     "redo_hint",
     "run_hint",

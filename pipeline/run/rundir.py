@@ -434,6 +434,18 @@ def run_of(path: Path) -> RunDir | None:
     return None
 
 
+def default_eval_root(path: str | Path) -> Path:
+    """Where ``prb eval`` writes for a split at ``path`` by default (and where the audit
+    and the dataset card look for its results): ``<run>/eval`` for a run or its release,
+    else ``<input>-eval`` beside the input."""
+    path = Path(path)
+    run = run_of(path)
+    if run is not None:
+        return run.eval_dir
+    name = path.stem if path.is_file() else path.name
+    return path.with_name(f"{name}-eval")
+
+
 def open_run(target: str | Path, overrides: Sequence[str] = ()) -> tuple[RunDir, Config | None]:
     """The run a command is pointed at, and its config when one was given or is on disk.
 
