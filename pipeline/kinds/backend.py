@@ -121,6 +121,14 @@ class Backend(abc.ABC):
         """Requests a runner should keep in flight to keep this backend busy."""
         return 2 * self.stream_chunk
 
+    @property
+    def reasoning_record(self) -> dict[str, Any] | None:
+        """Its reasoning settings as its identity records them (``ReasoningSettings.record``;
+        None: its model does not reason, or its section has no such settings)."""
+        getter = getattr(getattr(self, "cfg", None), "reasoning", None)
+        settings = getter(self.name) if callable(getter) else None
+        return settings.record(self.name) if settings is not None else None
+
     @abc.abstractmethod
     def run(
         self, requests: Sequence[ChatRequest]
