@@ -108,7 +108,23 @@ def finish(
     if not record:
         return result
     out = replace(result, choices=[split_choice(c, record, count) for c in result.choices])
-    return share_tokens(out)
+    return bound_tokens(share_tokens(out))
+
+
+def bound_tokens(result: ChatResult) -> ChatResult:
+    """Reasoning tokens no more than what was generated: a single answer whose reasoning
+    used every token is all reasoning (a text tokenized again can count a few more tokens
+    than the engine generated)."""
+    total = result.completion_tokens
+    if total <= 0:
+        return result
+    choices = []
+    for c in result.choices:
+        whole = c.reasoning is not None and len(result.choices) == 1 and c.reasoning_cut
+        if whole or c.reasoning_tokens > total:
+            c = replace(c, reasoning_tokens=total)
+        choices.append(c)
+    return replace(result, choices=choices)
 
 
 def sent_request(req: ChatRequest, record: dict[str, Any] | None) -> ChatRequest:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.backends import reasoning
-from pipeline.backends.identity import folder_sha256, version
+from pipeline.backends.identity import file_sha256, folder_sha256, version
 from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure, reasoning_allowance
 from pipeline.errors import BackendError
 from pipeline.kinds.backend import Backend, Resolve
@@ -275,7 +275,7 @@ class VLLMBackend(Backend):
             completion_tokens=sum(len(o.token_ids) for o in out.outputs),
             model=self.cfg.model,
         )
-        return reasoning.share_tokens(result)
+        return reasoning.bound_tokens(reasoning.share_tokens(result))
 
     def _reasoning_tokens(self, output: Any) -> int:
         """A completion's reasoning tokens: up to and with the end tag's token, or all of
@@ -356,10 +356,20 @@ def engine_identity(cfg: BackendSection, kind: str) -> dict[str, Any]:
         "kind": kind,
         "version": version("vllm"),
         "model": model,
-        "files_sha256": folder_sha256(local) if local.is_dir() else None,
+        # a model folder, or one file (a GGUF vLLM loads directly)
+        "files_sha256": folder_sha256(local)
+        if local.is_dir()
+        else file_sha256(local)
+        if local.is_file()
+        else None,
         "model_output": True,
         "structured_outputs": so,
     }
+    # a GGUF's tokenizer and config come from a folder of their own: part of what answers
+    for arg in ("tokenizer", "hf_config_path"):
+        folder = cfg.vllm.engine_args.get(arg)
+        if isinstance(folder, str) and folder != model and Path(folder).is_dir():
+            ident[f"{arg}_sha256"] = folder_sha256(Path(folder))
     if so["backend"] == "guidance":  # llguidance enforces string bounds cheaply: send them
         ident[SCHEMA_BOUNDS] = True
     record = cfg.vllm.reasoning.record("vllm")
