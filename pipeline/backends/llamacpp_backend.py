@@ -311,6 +311,10 @@ class LlamaCppBackend(Backend):
         with its reasoning block first, ``json_mode: reason_first``); ValueError when the
         converter or llama.cpp's grammar parser refuses it. Called under the lock."""
         key = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        record = self._reasoning
+        if record is not None and record.get("json_mode") == "reason_first":
+            # the engine is shared: a reason-first grammar is another grammar
+            key += "|reason_first|" + json.dumps(record, sort_keys=True)
         hit = engine.grammars.get(key)
         if hit is None:
             hit = engine.grammars[key] = self._build_grammar(engine, schema)
