@@ -46,7 +46,7 @@ split)
   rm -f "$out"/m[0-9][0-9][0-9] "$out/pieces.sha256" "$out/model.sha256"
   # one stream: the GGUF under its own name and the folder as hf/, split as it is written
   tar -cf - -C "$(dirname "$gguf")" "$(basename "$gguf")" -C "$(cd "$hf/.." && pwd)" \
-    --transform "s|^$(basename "$hf")|hf|" "$(basename "$hf")" |
+    --exclude=header.gguf --transform "s|^$(basename "$hf")|hf|" "$(basename "$hf")" |
     split -d -a 3 -b "${PIECE_MIB}M" - "$out/m"
   (cd "$out" && sha256sum m[0-9][0-9][0-9] >pieces.sha256)
   (cd "$out" && cat m[0-9][0-9][0-9] | sha256sum | awk '{print $1"  model.tar"}' >model.sha256)

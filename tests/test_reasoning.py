@@ -413,3 +413,36 @@ def test_ray_refuses_a_reasoning_model() -> None:
     )
     with pytest.raises(BackendError, match="does not take a reasoning model's reasoning out"):
         RayBackend.preflight(cfg)
+
+
+def test_a_server_reasoning_past_max_tokens_untold_fails_with_the_setting_to_use(
+    tmp_path: Path,
+) -> None:
+    with StandinServer(reasoning="field", reasoning_words=20) as server:
+        server.inject("reasoning_length", 1)
+        out, stats = run_jobs(
+            backend_cfg(server), tmp_path, [Job(request("Which?", SCHEMA), "j", validate)]
+        )
+        assert server.request_count == 1  # no budget to double: given up at once
+    failure = out[0][1]
+    assert isinstance(failure, Failure) and failure.final
+    assert "used every one of the 60 tokens" in failure.reason
+    assert "reasoning.enabled" in failure.reason and stats.reasoning_cut == 1
+
+
+def test_plan_counts_the_reasoning_budget_in_every_output_bound(tmp_path: Path, capsys) -> None:
+    from pipeline.cli import main
+
+    with StandinServer(reasoning="inline") as server:
+        bounds = {}
+        for budget in (None, 300):
+            reasoning = {"enabled": True, "budget": budget} if budget else {}
+            cfg = write_config(tmp_path, server, backend={"openai": {"reasoning": reasoning}})
+            assert main(["plan", str(cfg), "--json", "--until", "responses"]) == 0
+            data = json.loads(capsys.readouterr().out)
+            bounds[budget] = data["totals"]["output_tokens_bound"]
+            notes = " ".join(data.get("notes") or [])
+            assert ("up to 300 reasoning tokens" in notes) is bool(budget)
+    # the responses' 60 requests (rubrics given) hold 96 choices, each its budget more
+    assert data["totals"]["requests_to_send"] == 60
+    assert bounds[300] - bounds[None] == 300 * 96

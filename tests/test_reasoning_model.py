@@ -176,3 +176,33 @@ def test_r1_7b_answers_stored_without_their_reasoning(tmp_path: Path) -> None:
     s = run["summary"]
     assert s["answers"] >= 8 and s["with_reasoning"] > 0 and s["reasoning_tokens"] > 0
     assert s["texts_with_tags"] == 0 and s["rows_with_a_tag"] == 0
+
+
+@pytest.mark.llamacpp
+@needs_llama
+def test_gguf_quantize_writes_a_gguf_llama_cpp_loads(tmp_path: Path) -> None:
+    """scripts/gguf_quantize.py (fewer pieces to carry to a GPU): SmolLM2's Q4_1 to Q8_0,
+    then that to Q3_K_M, each a whole GGUF that llama.cpp loads and answers with."""
+    import subprocess
+
+    import llama_cpp
+
+    from pipeline.backends.gguf import check_gguf
+    from pipeline.backends.llamacpp_backend import resolve_model
+
+    src = resolve_model(LLAMACPP_DEFAULT_MODEL)
+    script = str(ROOT / "scripts" / "gguf_quantize.py")
+    q8, q3 = tmp_path / "q8.gguf", tmp_path / "q3.gguf"
+    for a, b, kind in ((src, q8, "Q8_0"), (q8, q3, "Q3_K_M")):
+        proc = subprocess.run([sys.executable, script, str(a), str(b), kind, "--threads", "1"],
+                              capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout.splitlines()[-1])["type"] == kind
+        check_gguf(b)
+    assert q3.stat().st_size < q8.stat().st_size
+    llm = llama_cpp.Llama(model_path=str(q3), n_ctx=256, verbose=False)
+    out = llm.create_completion("The capital of France is", max_tokens=4, temperature=0)
+    assert out["choices"][0]["text"].strip()
+    bad = subprocess.run([sys.executable, script, str(src), str(tmp_path / "x.gguf"), "Q9_Z"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "unknown type Q9_Z; known:" in bad.stderr

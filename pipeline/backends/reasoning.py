@@ -147,9 +147,16 @@ def cut_reason(result: ChatResult, req: ChatRequest, record: dict[str, Any] | No
     """The failure reason of an answer whose reasoning never ended (its own code,
     ``reasoning_exhausted``)."""
     tokens = max((c.reasoning_tokens for c in result.choices if c.reasoning_cut), default=0)
+    budget = reasoning_allowance(req, record)
+    if not budget:  # a server that reasons, not told so: the reasoning shared max_tokens
+        return (
+            f"reasoning_exhausted: the reasoning used every one of the {req.max_tokens} "
+            f"tokens (about {tokens} written) without ending, so no answer came; set "
+            "backend.<name>.reasoning.enabled to give it a budget of its own"
+        )
     return (
-        f"reasoning_exhausted: the reasoning used its budget of {reasoning_allowance(req, record)} "
-        f"tokens (about {tokens} written) without ending, so no answer came; raise "
+        f"reasoning_exhausted: the reasoning used its budget of {budget} tokens (about "
+        f"{tokens} written) without ending, so no answer came; raise "
         "backend.<name>.reasoning.budget"
     )
 
