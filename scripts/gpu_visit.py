@@ -25,7 +25,8 @@ scripts/gpu_stage_model.sh):
         [--deadline-s 225] [--dummy]
 
 ``--dummy`` loads the Hugging Face folder alone with random weights (``load_format=dummy``):
-the 7B's shape, vocabulary and tokenizer, noise for text; only the rates mean anything.
+the 7B's shape, vocabulary and tokenizer, noise for text, reasoning off (random weights never
+close a block) and no grammar-only step; only the rates mean anything.
 Figures: OUT/visit.json (and each run's folders beside it).
 """
 
@@ -139,7 +140,10 @@ def backend_sets(
         "backend.vllm.reasoning.parser": "deepseek_r1",
     }
     if a.dummy:
+        # random weights never close a reasoning block: the grammar from the first token,
+        # so the run ends and the judge's rates are measured on the 7B's shape and vocabulary
         sets["backend.vllm.engine_args.load_format"] = "dummy"
+        sets["backend.vllm.reasoning.enabled"] = "false"
     else:  # the GGUF loaded directly: its tokenizer and config from the folder made here
         sets["backend.vllm.engine_args.tokenizer"] = str(hf)
         sets["backend.vllm.engine_args.hf_config_path"] = str(hf)
@@ -507,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
             v.step("eval", evaluate, model, hf, a, run)
     if (run / "cache.sqlite").is_file():
         v.step("judge_rate", judge_rate, model, hf, a, run)
-        v.step("grammar_only", grammar_only, model, hf, a, run)
+        if not a.dummy:  # random weights: nothing to compare the modes on
+            v.step("grammar_only", grammar_only, model, hf, a, run)
     v.save()
     print(f"wrote {v.out / 'visit.json'}", flush=True)
     with contextlib.suppress(Exception), contextlib.redirect_stderr(io.StringIO()):

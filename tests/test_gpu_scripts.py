@@ -485,3 +485,22 @@ def test_gpu_visit_out_of_time_skips_steps_but_keeps_the_facts(fake_env, tmp_pat
     steps = json.loads((out / "visit.json").read_text())["steps"]
     assert steps["facts"]["model"]["whole"] is True
     assert steps["sample"]["skipped"].endswith("needs 60")
+
+
+def test_gpu_visit_dummy_loads_the_folder_with_random_weights(fake_env, tmp_path: Path) -> None:
+    """--dummy: no GGUF, the folder made from its metadata loaded with random weights; the
+    rates are measured, the modes are not compared."""
+    env, log = fake_env
+    model = tmp_path / "model"
+    (model / "hf").mkdir(parents=True)
+    (model / "hf" / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    out = tmp_path / "visit"
+    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_visit.py"), "--model-dir", str(model),
+           "--out", str(out), "--dummy", "--rate-requests", "8"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = json.loads((out / "visit.json").read_text())["steps"]
+    assert "grammar_only" not in steps and steps["judge_rate"]["requests"] == 8
+    assert steps["facts"]["dummy_weights"] is True
+    init = next(c for c in read_log(log) if c["event"] == "init")["kwargs"]
+    assert init["model"] == str(model / "hf") and init["load_format"] == "dummy"

@@ -446,3 +446,19 @@ def test_plan_counts_the_reasoning_budget_in_every_output_bound(tmp_path: Path, 
     # the responses' 60 requests (rubrics given) hold 96 choices, each its budget more
     assert data["totals"]["requests_to_send"] == 60
     assert bounds[300] - bounds[None] == 300 * 96
+
+
+def test_each_verdict_records_its_reasoning_length(tmp_path: Path) -> None:
+    with StandinServer(reasoning="field", reasoning_words=15) as server:
+        path = write_config(tmp_path, server, backend={"openai": {"reasoning": {"enabled": True}}})
+        run_pipeline(load_config(path), progress=False)
+    row = next(iter(RunDir(tmp_path / "outputs" / "t").stage("judge").rows()))
+    verdicts = [*row["quality"].values(), *row["coverage"].values()]
+    verdicts += [
+        v
+        for p in row["pairwise"]
+        for k in ("pairwise_aware", "pairwise_blind")
+        for v in p[k].values()
+    ]
+    assert verdicts and all(v["reasoning_tokens"] > 0 for v in verdicts)
+    assert not any("Okay, let me think" in json.dumps(v) for v in verdicts)
