@@ -108,7 +108,7 @@ def gguf_identity(cfg: BackendSection, resolve: Resolve | None = None) -> dict[s
     modification time). The key of every request this backend answers
     (pipeline/backends/identity.py)."""
     path = resolve_model(cfg.model, resolve)
-    record = cfg.llamacpp.reasoning.record("llamacpp")
+    record = cfg.llamacpp.reasoning.record()
     return {
         **({"reasoning": record} if record is not None else {}),
         "kind": "llamacpp",

@@ -91,7 +91,7 @@ def engine_kwargs(cfg: BackendSection) -> dict[str, Any]:
         # the grammar engine for JSON answers (docs/structured-output.md)
         "structured_outputs_config": {"backend": v.structured_outputs_backend},
     }
-    record = v.reasoning.record("vllm")
+    record = v.reasoning.record(parser=True)
     if record is not None and record.get("parser"):
         # a reasoning model answering JSON after its reasoning (json_mode reason_first):
         # vLLM's reasoning parser tells its structured-output manager where the reasoning
@@ -207,6 +207,7 @@ class VLLMBackend(Backend):
     libraries = ("vllm", "torch")
     throughput_benchmark = "vllm_throughput.json"
     environment = {"vllm_verified_with": VERIFIED_VLLM_VERSION}
+    reasoning_parser = True  # structured_outputs_config.reasoning_parser (reason_first)
     # Extra SamplingParams keywords for every request; empty in the pipeline.
     # benchmarks/vllm_throughput.py sets ignore_eos so it and raw LLM.chat generate alike.
     extra_sampling: dict[str, Any] = {}
@@ -372,7 +373,7 @@ def engine_identity(cfg: BackendSection, kind: str) -> dict[str, Any]:
             ident[f"{arg}_sha256"] = folder_sha256(Path(folder))
     if so["backend"] == "guidance":  # llguidance enforces string bounds cheaply: send them
         ident[SCHEMA_BOUNDS] = True
-    record = cfg.vllm.reasoning.record("vllm")
+    record = cfg.vllm.reasoning.record(parser=True)
     if record is not None:  # answers made another way are another backend's
         ident["reasoning"] = record
     return ident

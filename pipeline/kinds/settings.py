@@ -108,9 +108,10 @@ class ReasoningSettings(Section):
         "its engine applies the grammar after (reason_first).",
     )
 
-    def record(self, backend: str) -> dict[str, Any] | None:
+    def record(self, parser: bool = False) -> dict[str, Any] | None:
         """What a backend's identity holds of these settings (None when off): part of every
-        request's key, so answers made another way are another backend's."""
+        request's key, so answers made another way are another backend's. ``parser``: the
+        backend hands ``parser`` to its engine (vllm), so it is recorded too."""
         if not self.enabled:
             return None
         out: dict[str, Any] = {
@@ -119,7 +120,7 @@ class ReasoningSettings(Section):
             "tags": [self.start_tag, self.end_tag],
             "template_opens": self.template_opens,
         }
-        if backend == "vllm" and self.json_mode == "reason_first":
+        if parser and self.json_mode == "reason_first":
             out["parser"] = self.parser
         return out
 

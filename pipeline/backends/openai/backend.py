@@ -420,7 +420,7 @@ def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> di
     # under another grammar are another backend's; so are a reasoning model's answers read
     # another way (backend.openai.reasoning)
     bounds: dict[str, Any] = {SCHEMA_BOUNDS: True} if cfg.schema_bounds else {}
-    record = cfg.reasoning.record(kind)
+    record = cfg.reasoning.record()
     if record is not None:
         bounds["reasoning"] = record
     listed = list_models(cfg)
