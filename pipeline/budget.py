@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
+from pipeline.chat import ChatRequest, ChatResult, RequestFailure, output_bound
 from pipeline.errors import BudgetReached
 
 if TYPE_CHECKING:
@@ -76,16 +76,19 @@ class Spend:
         self.completion_tokens += sign * other.completion_tokens
 
 
-def request_bound(req: ChatRequest, dialect: Dialect | None = None) -> Spend:
+def request_bound(
+    req: ChatRequest, dialect: Dialect | None = None, reasoning: dict[str, Any] | None = None
+) -> Spend:
     """The most one request can cost: its prompt's bytes (no token is shorter than a byte)
-    plus the template's tokens per message, and ``max_tokens`` for each choice; with the
+    plus the template's tokens per message, and ``max_tokens`` for each choice (plus a
+    reasoning model's reasoning budget: ``reasoning``, the identity's record); with the
     server's ``dialect``, summed over what it is sent as (``Dialect.as_sent``: the schema
     stated in the prompt, a prompt per choice where ``n`` is split)."""
     prompt = output = 0
     for sent in dialect.as_sent(req) if dialect is not None else (req,):
         prompt += sum(len(c.encode("utf-8", "surrogatepass")) for _, c in sent.messages)
         prompt += TEMPLATE_TOKENS_PER_MESSAGE * len(sent.messages)
-        output += sent.max_tokens * sent.n
+        output += output_bound(sent, reasoning) * sent.n
     return Spend(1, prompt, output)
 
 
@@ -110,8 +113,11 @@ class Budget:
         prices: PricesSection,
         spent: Spend,
         dialects: Mapping[str, Dialect] | None = None,
+        reasoning: dict[str, Any] | None = None,
     ) -> None:
         self.limits = {"requests": requests, "tokens": tokens, "usd": usd}
+        # a reasoning model's reasoning budget, on top of each answer's max_tokens
+        self.reasoning = reasoning
         # how each model's server is sent a request (the identity's record): what a
         # request's bound is counted on
         self.dialects = dict(dialects or {})
@@ -134,7 +140,7 @@ class Budget:
         return None
 
     def bound(self, req: ChatRequest) -> Spend:
-        return request_bound(req, self.dialects.get(req.model))
+        return request_bound(req, self.dialects.get(req.model), self.reasoning)
 
     def admit(self, req: ChatRequest) -> bool:
         """Whether ``req`` may be sent now: False when its bound, with what was received and
@@ -204,6 +210,7 @@ def make_budget(
         prices=run_prices(config),
         spent=backend_spend(cache, served_by),
         dialects=of_identity(identity),
+        reasoning=(identity or {}).get("reasoning"),
     )
 
 

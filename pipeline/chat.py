@@ -53,6 +53,11 @@ class ChatRequest:
     # the id of the backend that answers (pipeline/backends/identity.py): part of the key,
     # so one backend's answer is never served as another's; never sent to a server
     served_by: str = ""
+    # a reasoning model's reasoning tokens on top of max_tokens for this request; None: the
+    # backend's setting (``backend.<name>.reasoning.budget``, in its identity). Set only by
+    # the runner's retry of an answer whose reasoning used its whole budget; part of the key
+    # only when set, so every other request's key is what it was
+    reasoning_budget: int | None = None
 
     @classmethod
     def sampled(
@@ -98,6 +103,9 @@ class ChatRequest:
             "json_schema": self.json_schema,
             "schema_name": self.schema_name if self.json_schema else None,
             "served_by": self.served_by,
+            **(
+                {} if self.reasoning_budget is None else {"reasoning_budget": self.reasoning_budget}
+            ),
         }
 
     def openai_body(self) -> dict[str, Any]:
@@ -137,6 +145,7 @@ class ChatRequest:
             or not isinstance(self.n, int)
             or not (self.seed is None or isinstance(self.seed, int))
             or not isinstance(self.served_by, str)
+            or not (self.reasoning_budget is None or type(self.reasoning_budget) is int)
         ):
             return canonical_json(self.to_dict())
         enc = _encode_str
@@ -145,9 +154,12 @@ class ChatRequest:
         )
         schema = "null" if self.json_schema is None else _schema_json(self.json_schema)
         name = enc(self.schema_name) if self.json_schema else "null"
+        budget = (
+            "" if self.reasoning_budget is None else f'"reasoning_budget":{self.reasoning_budget},'
+        )
         return (
             f'{{"json_schema":{schema},"max_tokens":{self.max_tokens},"messages":[{messages}],'
-            f'"model":{enc(self.model)},"n":{self.n},"schema_name":{name},'
+            f'"model":{enc(self.model)},"n":{self.n},{budget}"schema_name":{name},'
             f'"seed":{"null" if self.seed is None else self.seed},'
             f'"served_by":{enc(self.served_by)},'
             f'"temperature":{json.dumps(self.temperature)},"top_p":{json.dumps(self.top_p)}}}'
@@ -156,20 +168,57 @@ class ChatRequest:
 
 @dataclass
 class Choice:
+    """One answer. ``text`` is the answer alone: a reasoning model's reasoning is never in
+    it (pipeline/backends/reasoning.py) but in ``reasoning`` (None: the backend does not
+    handle reasoning, or the model wrote none), with its tokens; ``reasoning_cut``: the
+    reasoning did not end before the token limit, so there is no answer at all."""
+
     text: str
     finish_reason: str
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    reasoning_cut: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": self.text, "finish_reason": self.finish_reason}
+        if self.reasoning is not None:  # absent otherwise: older caches read back the same
+            out["reasoning"] = self.reasoning
+            out["reasoning_tokens"] = self.reasoning_tokens
+            out["reasoning_cut"] = self.reasoning_cut
+        return out
+
+    @classmethod
+    def from_dict(cls, c: dict[str, Any]) -> Choice:
+        return cls(
+            c["text"],
+            c["finish_reason"],
+            c.get("reasoning"),
+            int(c.get("reasoning_tokens") or 0),
+            bool(c.get("reasoning_cut", False)),
+        )
 
 
 @dataclass
 class ChatResult:
     choices: list[Choice]
     prompt_tokens: int = 0
+    # every output token, a reasoning model's reasoning included (what the engine generated
+    # and a provider bills); the reasoning's share is ``reasoning_tokens``
     completion_tokens: int = 0
     model: str = ""
 
+    @property
+    def reasoning_tokens(self) -> int:
+        return sum(c.reasoning_tokens for c in self.choices)
+
+    @property
+    def reasoned(self) -> bool:
+        """Whether the backend took a reasoning block out of any of its answers."""
+        return any(c.reasoning is not None for c in self.choices)
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "choices": [{"text": c.text, "finish_reason": c.finish_reason} for c in self.choices],
+            "choices": [c.to_dict() for c in self.choices],
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "model": self.model,
@@ -178,11 +227,31 @@ class ChatResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ChatResult:
         return cls(
-            choices=[Choice(c["text"], c["finish_reason"]) for c in d["choices"]],
+            choices=[Choice.from_dict(c) for c in d["choices"]],
             prompt_tokens=d.get("prompt_tokens", 0),
             completion_tokens=d.get("completion_tokens", 0),
             model=d.get("model", ""),
         )
+
+
+def reasoning_allowance(req: ChatRequest, reasoning: dict[str, Any] | None) -> int:
+    """The reasoning tokens the engine is asked for on top of ``req.max_tokens``, from the
+    answering backend's identity record of its reasoning settings (``identity["reasoning"]``,
+    ``ReasoningSettings.record``): none when it does not reason, and none for a JSON request
+    answered under the grammar from its first token (``json_mode: grammar_only``)."""
+    if not reasoning:
+        return 0
+    if req.json_schema is not None and reasoning.get("json_mode") == "grammar_only":
+        return 0
+    if req.reasoning_budget is not None:
+        return req.reasoning_budget
+    return int(reasoning.get("budget") or 0)
+
+
+def output_bound(req: ChatRequest, reasoning: dict[str, Any] | None = None) -> int:
+    """The most output tokens one choice of ``req`` can take: its max_tokens plus the
+    reasoning's allowance (the budget, `prb plan` and the ledger count it so)."""
+    return req.max_tokens + reasoning_allowance(req, reasoning)
 
 
 @dataclass

@@ -115,6 +115,9 @@ class Truncated(PairFilter):
     def check(self, pair: PairView) -> Verdict:
         for side, c in (("chosen", pair.chosen), ("rejected", pair.rejected)):
             if c.get("finish_reason") == "length":
+                if ((c.get("provenance") or {}).get("reasoning") or {}).get("cut"):
+                    # a reasoning model's reasoning used its whole budget: no answer came
+                    return False, f"{side} answer never came: reasoning_exhausted"
                 return False, f"{side} answer was truncated (finish_reason length)"
         return KEEP
 

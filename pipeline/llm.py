@@ -21,6 +21,14 @@ reported as a pending failure, retried on the next run. After ``invalid_retry_ru
 earlier runs failed the same way (a deterministic model gives the same answer) the
 failure is final and the stage records it as such.
 
+Reasoning models (pipeline/backends/reasoning.py): an answer's reasoning reaches the runner
+apart from its text. An answer whose reasoning used its whole budget without ending has no
+answer in it: it is stored (its tokens were spent) and asked again once with twice the
+reasoning budget (``reasoning_retries``); if that one is cut too, a JSON request fails for
+good with the reason ``reasoning_exhausted`` and a free-text one is handed over as it is
+(empty, finish reason "length", ``reasoning_cut``), for the pair filters to drop. It is
+never validated or read as an answer.
+
 Budget (pipeline/budget.py): with ``run.budget`` set, a request is sent only while the
 run's spending plus a bound of everything in flight stays within it. A request that does
 not fit waits (and no more input is taken) until answers in flight make room; when nothing
@@ -37,6 +45,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pipeline.backends.reasoning import cut_reason, retry_request
 from pipeline.budget import Budget
 from pipeline.cache import INVALID_PREFIX, RequestCache
 from pipeline.chat import ChatRequest, ChatResult, RequestFailure
@@ -65,6 +74,9 @@ MAX_TOKENS_CAP = 16384
 # twice the tokens and the same messages; what then comes back is kept, with its finish
 # reason, and the pair filters drop it if it is still unfinished.
 TEXT_REASKS = 1
+# An answer whose reasoning used its whole budget is asked again this many times with twice
+# the reasoning budget before it counts as exhausted.
+REASONING_RETRIES = 1
 
 
 @dataclass
@@ -114,9 +126,20 @@ class RunStats:
     completion_tokens: int = 0
     seconds: float = 0.0
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    # a reasoning model's answers (completion_tokens includes these tokens): how many of
+    # the answers received had a reasoning block, its tokens, and the answers whose
+    # reasoning used its whole budget (asked again, or given up as reasoning_exhausted)
+    reasoned_answers: int = 0
+    reasoning_tokens: int = 0
+    reasoning_cut: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "failure_reasons": dict(self.failure_reasons)}
+        out = {**self.__dict__, "failure_reasons": dict(self.failure_reasons)}
+        if not (self.reasoned_answers or self.reasoning_cut):
+            # a model that does not reason: the stats read as they always have
+            for k in ("reasoned_answers", "reasoning_tokens", "reasoning_cut"):
+                del out[k]
+        return out
 
 
 def text_retry(req: ChatRequest) -> ChatRequest | None:
@@ -138,6 +161,11 @@ def reask_request(req: ChatRequest, bad: str, error: str, finish_reason: str) ->
     return replace(req, messages=msgs, max_tokens=max(max_tokens, req.max_tokens))
 
 
+def _cut(result: ChatResult) -> bool:
+    """Whether any choice's reasoning used its whole budget: no answer to read."""
+    return any(c.reasoning_cut for c in result.choices)
+
+
 def _reason_code(reason: str) -> str:
     return reason.split(":", 1)[0][:60]
 
@@ -147,6 +175,7 @@ class _Flight:
     job: Job
     request: ChatRequest  # what is being asked now: the job's request or a re-ask
     reasks: int = 0
+    reasoning_retries: int = 0  # asked again for a reasoning that used its whole budget
 
 
 class LLMRunner:
@@ -165,6 +194,7 @@ class LLMRunner:
         commit_batch: int = 256,
         text_reasks: int = TEXT_REASKS,
         budget: Budget | None = None,
+        reasoning_retries: int = REASONING_RETRIES,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -177,6 +207,10 @@ class LLMRunner:
         self.commit_batch = commit_batch
         # benchmarks that compare with a bare client set 0: they measure transport
         self.text_reasks = text_reasks
+        self.reasoning_retries = reasoning_retries
+        # the backend's reasoning settings as its identity records them (None: it does not
+        # reason): what a reasoning retry's budget is doubled from
+        self._reasoning = backend.reasoning_record
         self.stats = RunStats(backend=backend.name)
         self._own_progress = not isinstance(progress, Progress)
         self.progress: Progress | None = progress if isinstance(progress, Progress) else None
@@ -384,6 +418,9 @@ class LLMRunner:
             if hit is None:
                 self._send(_Flight(job, job.request))
                 continue
+            if _cut(hit):
+                self._retry_reasoning(_Flight(job, job.request), hit, cached=True)
+                continue
             parsed, err, bad, finish = self._check(job.request, hit, job.validate, job.salvage)
             if err is None:
                 self.stats.cached += 1
@@ -400,12 +437,15 @@ class LLMRunner:
         self.stats.reasks += 1
         if finish == "length":
             self.stats.length_reasks += 1
-        nxt = _Flight(flight.job, req, flight.reasks + 1)
+        nxt = _Flight(flight.job, req, flight.reasks + 1, flight.reasoning_retries)
         hit = self.cache.get(req.key)
         if hit is None:
             self._send(nxt)
             return
         job = flight.job
+        if _cut(hit):
+            self._retry_reasoning(nxt, hit, cached=True)
+            return
         parsed, err2, bad2, finish2 = self._check(job.request, hit, job.validate, job.salvage)
         if err2 is None:
             self.stats.cached += 1
@@ -434,14 +474,54 @@ class LLMRunner:
         self.stats.reasks += 1
         if finish == "length":
             self.stats.length_reasks += 1
-        nxt = _Flight(job, retry, flight.reasks + 1)
+        nxt = _Flight(job, retry, flight.reasks + 1, flight.reasoning_retries)
         hit = self.cache.get(nxt.request.key)
         if hit is None:
             self._send(nxt)
+        elif _cut(hit):
+            self._retry_reasoning(nxt, hit, cached=True)
         else:
             self.stats.cached += 1
             self._finish(job.tag, Answer(hit, [], nxt.request, cached=True, reasks=nxt.reasks))
         return None
+
+    def _retry_reasoning(self, flight: _Flight, result: ChatResult, *, cached: bool) -> None:
+        """An answer whose reasoning used its whole budget (stored already when it is
+        fresh): asked again with twice the budget (from the cache if an earlier run did);
+        past ``reasoning_retries``, exhausted: a final failure of a JSON request, a free-text
+        one handed over as it is (empty, cut), never validated."""
+        job = flight.job
+        self.stats.reasoning_cut += 1
+        retry = None
+        if flight.reasoning_retries < self.reasoning_retries:
+            retry = retry_request(flight.request, self._reasoning)
+        if retry is None:
+            reason = cut_reason(result, flight.request, self._reasoning)
+            if job.validate is None:
+                self.stats.cached += cached
+                answer = Answer(result, [], flight.request, cached=cached, reasks=flight.reasks)
+                self._finish(job.tag, answer)
+                return
+            self.cache.put_error(job.request, self.stage, reason, flight.reasks + 1)
+            self._finish(job.tag, Failure(reason, flight.reasks + 1, flight.reasks, final=True))
+            return
+        self.stats.reasks += 1
+        nxt = _Flight(job, retry, flight.reasks + 1, flight.reasoning_retries + 1)
+        hit = self.cache.get(retry.key)
+        if hit is None:
+            self._send(nxt)
+            return
+        if _cut(hit):
+            self._retry_reasoning(nxt, hit, cached=True)
+            return
+        parsed, err, bad, finish = self._check(job.request, hit, job.validate, job.salvage)
+        if err is None or job.validate is None:
+            self.stats.cached += 1
+            self._finish(job.tag, Answer(hit, parsed, retry, cached=True, reasks=nxt.reasks))
+        elif nxt.reasks < self.max_reasks:
+            self._reask(nxt, bad, err, finish)
+        else:
+            self._give_up(nxt, err)
 
     def _give_up(self, flight: _Flight, err: str) -> None:
         """Invalid after every re-ask: an error, never an answer; final after the budget."""
@@ -458,6 +538,7 @@ class LLMRunner:
         errors: list[tuple[ChatRequest, str, str, int]] = []
         answered: list[tuple[Any, Answer, int]] = []
         failed: list[tuple[Any, Failure]] = []
+        cut: list[tuple[_Flight, ChatResult]] = []
         for item in arrived:
             if isinstance(item, BaseException):
                 raise item
@@ -493,6 +574,15 @@ class LLMRunner:
             st.sent += 1
             st.prompt_tokens += res.prompt_tokens
             st.completion_tokens += res.completion_tokens
+            if res.reasoned:
+                st.reasoned_answers += 1
+                st.reasoning_tokens += res.reasoning_tokens
+            if _cut(res):
+                # no answer in it: stored (its tokens were spent; a re-run finds it, then its
+                # retry), then, once stored, asked again with more reasoning budget or given up
+                to_cache.append((flight.request, res, self.stage, flight.reasks))
+                cut.append((flight, res))
+                continue
             parsed, err, bad, finish = self._check(job.request, res, job.validate, job.salvage)
             if err is not None and job.validate is None:
                 # free text: asked again once with more tokens; past that, kept as it is.
@@ -516,6 +606,8 @@ class LLMRunner:
         # durable first, acknowledged after: a yielded answer survives a kill
         self.cache.put_many(to_cache)
         self.cache.put_errors(errors)
+        for flight, res in cut:
+            self._retry_reasoning(flight, res, cached=False)
         for tag, answer, tokens in answered:
             self._finish(tag, answer, tokens)
         for tag, failure in failed:

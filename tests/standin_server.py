@@ -13,6 +13,14 @@ random English-ish words, or random values valid against the schema. It is not a
 
 Token counts are approximated by whitespace-split word counts.
 
+It can play a reasoning model (``reasoning="inline"`` or ``"field"``): every answer comes
+after ``reasoning_words`` words of reasoning, either in the content as a ``<think>`` block
+(what llama.cpp, or a server without a reasoning parser, returns) or apart in the message's
+``reasoning`` field with the content the answer alone (what ``vllm serve --reasoning-parser``
+returns; ``null`` content when the reasoning used every token). The reasoning counts
+against ``max_tokens`` like any output; the ``reasoning_length`` fault makes the next
+matching request's reasoning run past it, so it never ends.
+
 In-process use::
 
     with StandinServer(latency_ms=5) as server:
@@ -51,7 +59,11 @@ from pipeline.backends.instance import schema_instance
 Responder = Callable[[dict[str, Any], int], Any]
 
 MODES = ("player", "filler")
-FAULT_KINDS = ("429", "500", "503", "400", "401", "slow", "malformed", "length", "bad_json")
+FAULT_KINDS = (
+    "429", "500", "503", "400", "401", "slow", "malformed", "length", "bad_json",
+    "reasoning_length",
+)  # fmt: skip
+REASONING_MODES = ("inline", "field")
 _WORD_CAP = re.compile(r"at most (\d+) words", re.IGNORECASE)
 _WORD_TEXT = (
     "the a response should clearly address user needs while staying concise and helpful it "
@@ -104,6 +116,13 @@ def text_answer(rng: random.Random, messages: list[dict[str, Any]]) -> str:
     return " ".join(words)
 
 
+def reasoning_text(rng: random.Random, words: int) -> str:
+    """A stand-in reasoning of ``words`` words (filler, not reasoning)."""
+    head = "Okay, let me think about what this user asked and how to answer it.".split()
+    body = head + [rng.choice(_WORDS) for _ in range(max(0, words - len(head)))]
+    return " ".join(body[:words])
+
+
 def generate_from_schema(
     schema: dict[str, Any], rng: random.Random, root: dict[str, Any] | None = None, depth: int = 0
 ) -> Any:
@@ -147,9 +166,14 @@ class StandinServer:
         responder_name: str | None = None,
         report_as: dict[str, Any] | None = None,
         authorization: str | None = None,
+        reasoning: str | None = None,
+        reasoning_words: int = 40,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+        if reasoning is not None and reasoning not in REASONING_MODES:
+            raise ValueError(f"unknown reasoning {reasoning!r}; expected one of {REASONING_MODES}")
+        self.reasoning, self.reasoning_words = reasoning, reasoning_words
         self.host, self.port, self.model = host, port, model
         self.mode = mode
         self.player = ModelPlayer(generate_from_schema, max_points=max_points)
@@ -162,6 +186,8 @@ class StandinServer:
         self.responder_name = responder_name or (
             "custom" if responder is not None else {"player": "rule-based"}.get(mode, mode)
         )
+        if reasoning is not None and responder_name is None:
+            self.responder_name += f", reasoning {reasoning}"
         self.authorization = authorization
         self.refused = 0  # requests answered 401 for a missing or wrong Authorization
         self._latency_rng = random.Random(latency_seed)
@@ -292,15 +318,33 @@ class StandinServer:
         for i in range(n):
             content = await self._content(body, i)
             finish = "stop"
+            think: list[str] = []
+            if self.reasoning is not None:
+                words_n = self.reasoning_words
+                if kind == "reasoning_length":  # a reasoning that never ends within the limit
+                    words_n = (max_tokens or 512) + 10
+                think = reasoning_text(_rng_for(body, i), words_n).split()
+                room = max_tokens - len(think) if max_tokens else None
+                if room is not None and room <= 0:  # the limit is reached inside the reasoning
+                    think, content, finish = think[:max_tokens], "", "length"
+                elif room is not None and len(content.split()) > room:
+                    content, finish = " ".join(content.split()[:room]), "length"
             words = content.split()
             if kind == "bad_json":
                 content = '{"aspects": ['
             elif kind == "length":  # cut mid-answer, as a real model hitting its limit would
                 content, finish = content[: max(1, len(content) // 2)], "length"
-            elif max_tokens and len(words) > max_tokens:
+            elif self.reasoning is None and max_tokens and len(words) > max_tokens:
                 content, finish = " ".join(words[:max_tokens]), "length"
-            completion_tokens += len(content.split())
-            message = {"role": "assistant", "content": content, "refusal": None}
+            completion_tokens += len(content.split()) + len(think)
+            message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+            if self.reasoning == "field":  # vLLM 0.26's server with --reasoning-parser
+                message["reasoning"] = " ".join(think)
+                if finish == "length" and not content:
+                    message["content"] = None
+            elif self.reasoning == "inline":
+                closed = "" if finish == "length" and not content else "\n</think>\n\n"
+                message["content"] = "<think>\n" + " ".join(think) + closed + content
             choices.append({"index": i, "message": message, "finish_reason": finish,
                             "logprobs": None})  # fmt: skip
         prompt_tokens = sum(len(_message_text(m).split()) for m in body["messages"])
@@ -457,6 +501,14 @@ def main(argv: list[str] | None = None) -> None:
         help="player: answer the pipeline's prompts like a simple model; filler: filler only",
     )
     ap.add_argument("--max-points", type=int, default=3, help="player: points per answer")
+    ap.add_argument(
+        "--reasoning",
+        choices=REASONING_MODES,
+        default=None,
+        help="play a reasoning model: a <think> block in the content (inline) or a separate "
+        "reasoning field (field, as vllm serve --reasoning-parser returns)",
+    )
+    ap.add_argument("--reasoning-words", type=int, default=40, help="words of reasoning")
     opts = vars(ap.parse_args(argv))  # flag names match the constructor's keyword names
     port_file = opts.pop("port_file")
     asyncio.run(StandinServer(**opts).serve_forever(port_file))

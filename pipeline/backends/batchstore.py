@@ -61,6 +61,7 @@ def request_from_dict(d: dict[str, Any]) -> ChatRequest:
         json_schema=d["json_schema"],
         schema_name=d["schema_name"] or "answer",
         served_by=d["served_by"],
+        reasoning_budget=d.get("reasoning_budget"),
     )
 
 

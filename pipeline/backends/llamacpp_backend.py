@@ -49,9 +49,10 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.backends import reasoning
 from pipeline.backends.gguf import check_gguf, gguf_counter_notes
 from pipeline.backends.identity import file_sha256, version
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
+from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure, reasoning_allowance
 from pipeline.errors import BackendError
 from pipeline.kinds.backend import Backend, Resolve, TokenCount
 from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, LlamaCppSettings
@@ -107,7 +108,9 @@ def gguf_identity(cfg: BackendSection, resolve: Resolve | None = None) -> dict[s
     modification time). The key of every request this backend answers
     (pipeline/backends/identity.py)."""
     path = resolve_model(cfg.model, resolve)
+    record = cfg.llamacpp.reasoning.record()
     return {
+        **({"reasoning": record} if record is not None else {}),
         "kind": "llamacpp",
         "version": version("llama-cpp-python"),
         "model": cfg.model,
@@ -133,9 +136,12 @@ def sample_seed(seed: int | None, index: int) -> int | None:
     return int(digest[:8], 16) % 0xFFFFFFFF
 
 
-def sampling_kwargs(req: ChatRequest, index: int) -> dict[str, Any]:
+def sampling_kwargs(
+    req: ChatRequest, index: int, reasoning_record: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Keyword arguments of ``Llama.create_chat_completion`` for sample ``index`` of
-    ``req`` (without the grammar): OpenAI's sampling, nothing of llama.cpp's own."""
+    ``req`` (without the grammar): OpenAI's sampling, nothing of llama.cpp's own; a
+    reasoning model gets its reasoning budget on top of the answer's max_tokens."""
     return {
         "messages": req.message_dicts(),
         "temperature": req.temperature,
@@ -143,9 +149,38 @@ def sampling_kwargs(req: ChatRequest, index: int) -> dict[str, Any]:
         "top_k": 0,  # off (llama.cpp's default is 40)
         "min_p": 0.0,  # off (llama.cpp's default is 0.05)
         "repeat_penalty": 1.0,
-        "max_tokens": req.max_tokens,
+        "max_tokens": req.max_tokens + reasoning_allowance(req, reasoning_record),
         "seed": sample_seed(req.seed, index),
     }
+
+
+def _gbnf_literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _gbnf_class_char(ch: str) -> str:
+    return "\\" + ch if ch in "]\\^-[" else ("\\n" if ch == "\n" else ch)
+
+
+def reason_first_grammar(answer_gbnf: str, record: dict[str, Any]) -> str:
+    """A llama.cpp grammar (GBNF) for a reasoning model's JSON answer after its reasoning
+    (``json_mode: reason_first``): the reasoning block, any text that does not close it,
+    then the answer's grammar (the schema's, its ``root`` renamed). With ``template_opens``
+    the block is already open, so the grammar starts inside it."""
+    start, end = (str(t) for t in record["tags"])
+    lines = []
+    for line in answer_gbnf.splitlines():
+        lines.append("prb-answer" + line[4:] if line.startswith("root ") else line)
+    # text that is not the end tag: a prefix of it followed by a character that breaks it
+    alts = [f"[^{_gbnf_class_char(end[0])}]"]
+    for i in range(1, len(end)):
+        alts.append(f"{_gbnf_literal(end[:i])} [^{_gbnf_class_char(end[i])}]")
+    opener = "" if record.get("template_opens") else _gbnf_literal(start) + " "
+    head = [
+        f"root ::= {opener}prb-think {_gbnf_literal(end)} [ \\t\\n]* prb-answer",
+        f"prb-think ::= ({' | '.join(alts)})*",
+    ]
+    return "\n".join(head + lines) + "\n"
 
 
 # ---- engines ---------------------------------------------------------------------------
@@ -238,6 +273,7 @@ class LlamaCppBackend(Backend):
         self._paths: dict[str, Path] = {}
         self._engine = self._engine_for(cfg.model)  # loaded now: a bad file fails early
         self._identity: dict[str, Any] | None = None
+        self._reasoning = self.reasoning_record
 
     # ---- engines and grammars ----------------------------------------------------------
     def _engine_for(self, model: str) -> _Engine:
@@ -271,9 +307,14 @@ class LlamaCppBackend(Backend):
         return self._identity
 
     def grammar(self, engine: _Engine, schema: dict[str, Any]) -> Any:
-        """The llama.cpp grammar for ``schema``, built once per engine; ValueError when
-        the converter or llama.cpp's grammar parser refuses it. Called under the lock."""
+        """The llama.cpp grammar for ``schema``, built once per engine (a reasoning model's
+        with its reasoning block first, ``json_mode: reason_first``); ValueError when the
+        converter or llama.cpp's grammar parser refuses it. Called under the lock."""
         key = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        record = self._reasoning
+        if record is not None and record.get("json_mode") == "reason_first":
+            # the engine is shared: a reason-first grammar is another grammar
+            key += "|reason_first|" + json.dumps(record, sort_keys=True)
         hit = engine.grammars.get(key)
         if hit is None:
             hit = engine.grammars[key] = self._build_grammar(engine, schema)
@@ -286,6 +327,10 @@ class LlamaCppBackend(Backend):
         lc = self._llama_cpp
         try:
             grammar = lc.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+            record = self._reasoning
+            if record is not None and record.get("json_mode") == "reason_first":
+                text = reason_first_grammar(grammar._grammar, record)
+                grammar = lc.LlamaGrammar.from_string(text, verbose=False)
         except Exception as exc:  # the converter raises plain exceptions and asserts
             return f"llama.cpp's JSON-schema converter refused the schema ({describe_error(exc)})"
         # llama-cpp-python hands the grammar text to llama.cpp unchecked; a text that
@@ -317,7 +362,7 @@ class LlamaCppBackend(Backend):
             for i in range(req.n):
                 try:
                     out = engine.llm.create_chat_completion(
-                        **sampling_kwargs(req, i), grammar=grammar
+                        **sampling_kwargs(req, i, self._reasoning), grammar=grammar
                     )
                 except ValueError as exc:
                     text = str(exc)
@@ -338,12 +383,17 @@ class LlamaCppBackend(Backend):
                 usage = out.get("usage") or {}
                 prompt_tokens = usage.get("prompt_tokens", 0)
                 completion_tokens += usage.get("completion_tokens", 0)
-        return ChatResult(
-            choices=choices,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            model=req.model,
-        )
+            result = ChatResult(
+                choices=choices,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                model=req.model,
+            )
+            if self._reasoning is not None:
+                # llama.cpp returns the reasoning in the content: taken out, and its tokens
+                # counted with the model's own tokenizer
+                result = reasoning.finish(result, self._reasoning, _counter(engine.llm))
+        return result
 
     async def run(
         self, requests: Sequence[ChatRequest]
@@ -397,6 +447,7 @@ class LlamaCppBackend(Backend):
         return (
             f"llama.cpp {identity.get('version') or '?'} in-process, model "
             f"{identity.get('file')} (sha256 {str(identity.get('sha256'))[:12]})"
+            + reasoning.describe(identity.get("reasoning"))
         )
 
     @classmethod
@@ -408,6 +459,16 @@ class LlamaCppBackend(Backend):
         except BackendError:
             return None, []
         return gguf_counter_notes(path)
+
+
+def _counter(llm: Any) -> Any:
+    """A text's tokens in ``llm``'s vocabulary (special tokens read as such: a reasoning
+    model's </think> is one token)."""
+
+    def count(text: str) -> int:
+        return len(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    return count
 
 
 def default_threads() -> int:

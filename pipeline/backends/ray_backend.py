@@ -569,6 +569,14 @@ class RayBackend(Backend):
         cls, cfg: BackendSection, *, resolve: Resolve | None = None, cached: bool = False
     ) -> str | None:
         cls.check_installed(cfg)
+        section = "openai" if cfg.ray.engine == "http" else "vllm"
+        if getattr(cfg, section).reasoning.enabled:
+            # its answers would come back with the reasoning in them
+            raise BackendError(
+                f"backend.{section}.reasoning.enabled is true, but the ray backend does not "
+                "take a reasoning model's reasoning out of its answers; use backend.name "
+                f"{section} for a reasoning model (docs/backends.md, 'Reasoning models')"
+            )
         if cfg.ray.engine == "http":
             from pipeline.backends.openai.backend import check_reachable
 

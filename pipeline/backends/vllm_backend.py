@@ -29,11 +29,13 @@ import gc
 import json
 import threading
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.identity import folder_sha256, version
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
+from pipeline.backends import reasoning
+from pipeline.backends.identity import file_sha256, folder_sha256, version
+from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure, reasoning_allowance
 from pipeline.errors import BackendError
 from pipeline.kinds.backend import Backend, Resolve
 from pipeline.kinds.settings import VLLMSettings
@@ -89,6 +91,12 @@ def engine_kwargs(cfg: BackendSection) -> dict[str, Any]:
         # the grammar engine for JSON answers (docs/structured-output.md)
         "structured_outputs_config": {"backend": v.structured_outputs_backend},
     }
+    record = v.reasoning.record(parser=True)
+    if record is not None and record.get("parser"):
+        # a reasoning model answering JSON after its reasoning (json_mode reason_first):
+        # vLLM's reasoning parser tells its structured-output manager where the reasoning
+        # ends, and the grammar constrains only what follows (docs/vllm.md)
+        kw["structured_outputs_config"]["reasoning_parser"] = record["parser"]
     if v.max_model_len is not None:
         kw["max_model_len"] = v.max_model_len
     # engine_args may override the named settings on purpose (escape hatch).
@@ -199,6 +207,7 @@ class VLLMBackend(Backend):
     libraries = ("vllm", "torch")
     throughput_benchmark = "vllm_throughput.json"
     environment = {"vllm_verified_with": VERIFIED_VLLM_VERSION}
+    reasoning_parser = True  # structured_outputs_config.reasoning_parser (reason_first)
     # Extra SamplingParams keywords for every request; empty in the pipeline.
     # benchmarks/vllm_throughput.py sets ignore_eos so it and raw LLM.chat generate alike.
     extra_sampling: dict[str, Any] = {}
@@ -212,6 +221,10 @@ class VLLMBackend(Backend):
         vllm, self._SamplingParams, self._StructuredOutputsParams = _import_vllm()
         self.engine_kwargs = engine_kwargs(cfg)
         self._engine = _get_engine(vllm, self.engine_kwargs)
+        self._reasoning = self.reasoning_record
+        self._end_id: int | None = None  # the reasoning's end tag as one token, if it is
+        if self._reasoning is not None:
+            self._end_id = _single_token(self.llm, self._reasoning["tags"][1])
 
     @property
     def llm(self) -> Any:
@@ -224,7 +237,8 @@ class VLLMBackend(Backend):
             "n": req.n,
             "temperature": req.temperature,
             "top_p": req.top_p,
-            "max_tokens": req.max_tokens,
+            # a reasoning model's reasoning budget on top of the answer's own
+            "max_tokens": req.max_tokens + reasoning_allowance(req, self._reasoning),
             "seed": req.seed,
         }
         if req.json_schema is not None:
@@ -245,12 +259,33 @@ class VLLMBackend(Backend):
     def _result(self, out: Any) -> ChatResult | RequestFailure:
         if not out.outputs:
             return RequestFailure("EmptyOutput: vLLM returned no completions", transient=True)
-        return ChatResult(
-            choices=[Choice(o.text, o.finish_reason or "stop") for o in out.outputs],
+        choices = [Choice(o.text, o.finish_reason or "stop") for o in out.outputs]
+        if self._reasoning is not None:
+            # the offline engine returns the reasoning in the text: taken out here, its
+            # tokens counted from the token ids (up to and with the end tag's)
+            split = [reasoning.split_choice(c, self._reasoning) for c in choices]
+            choices = [
+                replace(c, reasoning_tokens=self._reasoning_tokens(o))
+                if c.reasoning is not None
+                else c
+                for c, o in zip(split, out.outputs, strict=True)
+            ]
+        result = ChatResult(
+            choices=choices,
             prompt_tokens=len(out.prompt_token_ids or []),
             completion_tokens=sum(len(o.token_ids) for o in out.outputs),
             model=self.cfg.model,
         )
+        return reasoning.bound_tokens(reasoning.share_tokens(result))
+
+    def _reasoning_tokens(self, output: Any) -> int:
+        """A completion's reasoning tokens: up to and with the end tag's token, or all of
+        them when the reasoning never ended; 0 (shared out by characters later) when the end
+        tag is not one token of this tokenizer."""
+        ids = list(output.token_ids or [])
+        if self._end_id is None:
+            return 0
+        return ids.index(self._end_id) + 1 if self._end_id in ids else len(ids)
 
     async def run(
         self, requests: Sequence[ChatRequest]
@@ -300,6 +335,17 @@ class VLLMBackend(Backend):
         return describe_engine(identity)
 
 
+def _single_token(llm: Any, text: str) -> int | None:
+    """The id of ``text`` when the engine's tokenizer holds it as one token (DeepSeek-R1's
+    and Qwen3's ``</think>`` are), else None."""
+    try:
+        tokenizer = llm.get_tokenizer()
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    except Exception:  # a tokenizer without these calls: counted by characters instead
+        return None
+    return int(ids[0]) if isinstance(ids, list) and len(ids) == 1 else None
+
+
 def engine_identity(cfg: BackendSection, kind: str) -> dict[str, Any]:
     """A vLLM engine's identity: its version, the model folder's content hash and the
     structured-output engine that constrains its JSON answers (answers made under another
@@ -311,12 +357,25 @@ def engine_identity(cfg: BackendSection, kind: str) -> dict[str, Any]:
         "kind": kind,
         "version": version("vllm"),
         "model": model,
-        "files_sha256": folder_sha256(local) if local.is_dir() else None,
+        # a model folder, or one file (a GGUF vLLM loads directly)
+        "files_sha256": folder_sha256(local)
+        if local.is_dir()
+        else file_sha256(local)
+        if local.is_file()
+        else None,
         "model_output": True,
         "structured_outputs": so,
     }
+    # a GGUF's tokenizer and config come from a folder of their own: part of what answers
+    for arg in ("tokenizer", "hf_config_path"):
+        folder = cfg.vllm.engine_args.get(arg)
+        if isinstance(folder, str) and folder != model and Path(folder).is_dir():
+            ident[f"{arg}_sha256"] = folder_sha256(Path(folder))
     if so["backend"] == "guidance":  # llguidance enforces string bounds cheaply: send them
         ident[SCHEMA_BOUNDS] = True
+    record = cfg.vllm.reasoning.record(parser=True)
+    if record is not None:  # answers made another way are another backend's
+        ident["reasoning"] = record
     return ident
 
 
@@ -337,4 +396,5 @@ def describe_engine(identity: dict[str, Any]) -> str:
     so = identity.get("structured_outputs") or {}
     if so.get("backend"):
         text += f", JSON by {so['backend']}"
+    text += reasoning.describe(identity.get("reasoning"))
     return text + (f" (files sha256 {digest[:12]})" if digest else " (not a local folder: no hash)")

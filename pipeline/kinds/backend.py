@@ -108,6 +108,8 @@ class Backend(abc.ABC):
     # benchmarks/results/<file> holding this backend's measured output tokens per second
     # (`prb plan` uses it when the run has no measurement of its own)
     throughput_benchmark: ClassVar[str | None] = None
+    # whether it hands its engine a reasoning parser (backend.<name>.reasoning.parser: vllm)
+    reasoning_parser: ClassVar[bool] = False
     # stream(): requests per run() call, and how long to wait for a fuller chunk
     stream_chunk: int = 256
     stream_linger: float = 0.0
@@ -120,6 +122,14 @@ class Backend(abc.ABC):
     def window(self) -> int:
         """Requests a runner should keep in flight to keep this backend busy."""
         return 2 * self.stream_chunk
+
+    @property
+    def reasoning_record(self) -> dict[str, Any] | None:
+        """Its reasoning settings as its identity records them (``ReasoningSettings.record``;
+        None: its model does not reason, or its section has no such settings)."""
+        getter = getattr(getattr(self, "cfg", None), "reasoning", None)
+        settings = getter(self.name) if callable(getter) else None
+        return settings.record(self.reasoning_parser) if settings is not None else None
 
     @abc.abstractmethod
     def run(

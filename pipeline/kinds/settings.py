@@ -55,6 +55,76 @@ def check_http_url(v: str) -> str:
     return v
 
 
+# A reasoning model (DeepSeek-R1 and its distills, Qwen3, QwQ...) writes a block of reasoning
+# before its answer. The backends take it out of every answer (docs/backends.md, "Reasoning
+# models"): it is never part of a stored text, it is counted, and its length is recorded.
+REASONING_BUDGET_MAX = 65_536
+
+
+class ReasoningSettings(Section):
+    """How a backend handles a model that reasons before it answers (``<think>...</think>``
+    in the content, or a separate ``reasoning`` field from a server with a reasoning parser)."""
+
+    enabled: bool = Field(
+        False,
+        description="The model reasons before it answers: its reasoning is taken out of every "
+        "answer (never stored as the answer), counted, and its length recorded; the engine is "
+        "asked for budget more tokens than the answer's max_tokens.",
+    )
+    budget: int = Field(
+        1024,
+        ge=1,
+        le=REASONING_BUDGET_MAX,
+        description="Tokens the reasoning may take, on top of each request's max_tokens (the "
+        "answer's own bound). A reasoning that uses them all without ending is asked once more "
+        "with twice the budget, then dropped with the reason reasoning_exhausted.",
+    )
+    json_mode: Literal["reason_first", "grammar_only"] = Field(
+        "reason_first",
+        description="JSON-schema requests: reason_first lets the model reason freely and "
+        "applies the schema's grammar after the reasoning ends (vllm: the reasoning parser in "
+        "the engine's structured-output config; llamacpp: a grammar with the reasoning block "
+        "before the JSON; openai: the server's own, e.g. `vllm serve --reasoning-parser`); "
+        "grammar_only constrains the answer from its first token, so no reasoning and no "
+        "budget (docs/backends.md, 'Reasoning models').",
+    )
+    start_tag: str = Field(
+        "<think>", min_length=1, max_length=64, description="What opens the reasoning."
+    )
+    end_tag: str = Field(
+        "</think>", min_length=1, max_length=64, description="What closes the reasoning."
+    )
+    template_opens: bool = Field(
+        False,
+        description="The chat template opens the reasoning block itself (newer DeepSeek-R1 "
+        "and Qwen3 thinking templates end the prompt with <think>): an answer without the end "
+        "tag is then all reasoning, never an answer.",
+    )
+    parser: str = Field(
+        "deepseek_r1",
+        min_length=1,
+        max_length=64,
+        description="vllm only: the name of vLLM's reasoning parser (deepseek_r1, qwen3...) "
+        "its engine applies the grammar after (reason_first).",
+    )
+
+    def record(self, parser: bool = False) -> dict[str, Any] | None:
+        """What a backend's identity holds of these settings (None when off): part of every
+        request's key, so answers made another way are another backend's. ``parser``: the
+        backend hands ``parser`` to its engine (vllm), so it is recorded too."""
+        if not self.enabled:
+            return None
+        out: dict[str, Any] = {
+            "budget": self.budget,
+            "json_mode": self.json_mode,
+            "tags": [self.start_tag, self.end_tag],
+            "template_opens": self.template_opens,
+        }
+        if parser and self.json_mode == "reason_first":
+            out["parser"] = self.parser
+        return out
+
+
 class OpenAISettings(Settings):
     """An OpenAI-compatible server (also what the ray backend's http engine asks)."""
 
@@ -137,6 +207,13 @@ class OpenAISettings(Settings):
         "max_concurrency in flight, a 429 only retried.",
     )
 
+    reasoning: ReasoningSettings = Field(
+        default_factory=ReasoningSettings,
+        description="A model that reasons before it answers: what the server returns as "
+        "reasoning (a reasoning/reasoning_content field, or a <think> block in the content) is "
+        "taken out of the answer and counted.",
+    )
+
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, v: str) -> str:
@@ -192,6 +269,11 @@ class VLLMSettings(Settings):
         description="vLLM's structured-output engine for JSON answers (vllm.LLM "
         "structured_outputs_config backend): xgrammar (vLLM's default), guidance "
         "(llguidance) or auto.",
+    )
+    reasoning: ReasoningSettings = Field(
+        default_factory=ReasoningSettings,
+        description="A model that reasons before it answers (reasoning.parser names vLLM's "
+        "reasoning parser for the grammar's start).",
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for vllm.LLM(...)."
@@ -258,6 +340,11 @@ class LlamaCppSettings(Settings):
     )
     batch_size: int = Field(
         512, ge=1, le=65_536, description="Prompt tokens per llama.cpp decode call (n_batch)."
+    )
+    reasoning: ReasoningSettings = Field(
+        default_factory=ReasoningSettings,
+        description="A model that reasons before it answers (the <think> block llama.cpp "
+        "returns in the content is taken out).",
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for llama_cpp.Llama(...)."
@@ -405,6 +492,12 @@ class BackendSection(Settings):
                 if isinstance(data.get(name), dict) and data[name].get(f):
                     data[name][f] = public_url(data[name][f])
         return data
+
+    def reasoning(self, name: str | None = None) -> ReasoningSettings | None:
+        """The reasoning settings of backend ``name`` (default: the configured one), when
+        it has them and they are on."""
+        r = getattr(self.section(name), "reasoning", None)
+        return r if isinstance(r, ReasoningSettings) and r.enabled else None
 
     def section(self, name: str | None = None) -> Settings | None:
         """The settings section of backend ``name`` (default: the configured one); None

@@ -12,7 +12,7 @@ from typing import Any
 from pipeline.backends.openai.dialects import Dialect, of_identity
 from pipeline.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
 from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest
+from pipeline.chat import ChatRequest, output_bound
 from pipeline.config import Config
 from pipeline.errors import BackendError
 from pipeline.kinds.backend import BACKENDS
@@ -62,6 +62,7 @@ def _counted(
     mean: float | None,
     extra: _Extra | None = None,
     dialects: dict[str, Dialect] | None = None,
+    reasoning: dict[str, Any] | None = None,
 ) -> Iterator[dict]:
     """Count the planned requests into ``est`` as they pass; what is done (``done`` None:
     everything) or cached is not to be sent. Yields the rows of examples still to do, for
@@ -69,7 +70,8 @@ def _counted(
     placeholder answer's occurrences are counted, for the prompt bounds. ``dialects``: how
     each model's server is sent a request (the identity's record), whose prompts are
     counted as sent (``Dialect.as_sent``: the schema in the prompt, a prompt per choice
-    where ``n`` is split)."""
+    where ``n`` is split). ``reasoning``: a reasoning model's settings (the identity's
+    record), whose reasoning budget each answer may take on top of its max_tokens."""
     batch: list[tuple[ChatRequest, bool]] = []
 
     def flush() -> None:
@@ -87,9 +89,10 @@ def _counted(
                 extra.held_total += held
                 if not cached:
                     extra.held_to_send += held
-            bound = req.max_tokens * req.n
+            per_choice = output_bound(req, reasoning)
+            bound = per_choice * req.n
             budget_prompt = request_bound(req, dialect).prompt_tokens
-            expected = min(mean, req.max_tokens) * req.n if mean is not None else None
+            expected = min(mean, per_choice) * req.n if mean is not None else None
             for fig in (est.total,) if cached else (est.total, est.to_send):
                 fig.requests += 1
                 fig.prompt_tokens += tokens
@@ -298,6 +301,17 @@ def _estimate(
         notes += more
     # what the run found (or was told) each model's server takes: prompts counted as sent
     dialects = of_identity(ctx.served_by) if llm_stages else {}
+    reasoning = ctx.served_by.get("reasoning") if llm_stages else None
+    if reasoning:
+        notes.append(
+            f"a reasoning model: every answer may take up to {reasoning.get('budget')} reasoning "
+            "tokens on top of its max_tokens (counted in the output bound"
+            + (
+                "; JSON answers under the grammar from their first token, without reasoning)"
+                if reasoning.get("json_mode") == "grammar_only"
+                else ")"
+            )
+        )
     for model, d in dialects.items():
         if d.note_for_schema() or d.n == "split":
             notes.append(
@@ -354,7 +368,7 @@ def _estimate(
                 extra = _Extra(text, beyond, math.ceil(beyond * per_token))
         rows = _counted(
             est, stage.plan_examples(ctx, set(), filler), done, cache, counter,
-            m.get("output_per_choice"), extra, dialects,
+            m.get("output_per_choice"), extra, dialects, reasoning,
         )  # fmt: skip
         counted.append((est, stage, counter, m, extra))
         if p.action != "skip":

@@ -84,6 +84,7 @@ def release_summary(
         "pretty_name": f"Personalized RewardBench pairs ({run_name})",
         "hand_written": _hand_written(config),
         "not_model_output": _not_model_output(served),
+        "reasoning": _reasoning(rd, served),
         "license": license,
         "policy": policy,
         "rows": tally.rows,
@@ -160,6 +161,48 @@ def _not_model_output(served: dict[str, dict[str, Any]]) -> str | None:
         + "; ".join(f"{s}: {describe(served[s])}" for s in stages)
         + "."
     )
+
+
+def _reasoning(rd: RunDir, served: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Per LLM stage whose backend handled a reasoning model (its identity's ``reasoning``
+    record): the settings, the answers that came with a reasoning block and its tokens
+    (each stage's stats, this invocation's), and the card's sentence; None when no stage
+    reasoned (pipeline/backends/reasoning.py)."""
+    stages: dict[str, Any] = {}
+    for name, ident in served.items():
+        record = ident.get("reasoning")
+        if not record:
+            continue
+        llm = rd.stage(name).stats().get("llm") or {}
+        blocks = [llm] if "sent" in llm else [v for v in llm.values() if isinstance(v, dict)]
+        stages[name] = {
+            "settings": record,
+            "reasoned_answers": sum(int(b.get("reasoned_answers") or 0) for b in blocks),
+            "reasoning_tokens": sum(int(b.get("reasoning_tokens") or 0) for b in blocks),
+            "reasoning_cut": sum(int(b.get("reasoning_cut") or 0) for b in blocks),
+            "completion_tokens": sum(int(b.get("completion_tokens") or 0) for b in blocks),
+        }
+    if not stages:
+        return None
+    what = {"rubrics": "rubrics", "responses": "answers", "judge": "judge verdicts"}
+    parts = []
+    for name, f in stages.items():
+        parts.append(
+            f"{what[name]}: {f['reasoning_tokens']:,} reasoning tokens in "
+            f"{f['reasoned_answers']:,} answers with a reasoning block, of "
+            f"{f['completion_tokens']:,} output tokens; "
+            f"budget {f['settings'].get('budget')} tokens, JSON {f['settings'].get('json_mode')}"
+        )
+    sentence = (
+        "The "
+        + " and ".join(what[n] for n in stages)
+        + " in this release came from a reasoning model. Its reasoning was taken out of every "
+        "answer before anything was stored: no chosen or rejected text, rubric or rationale "
+        "holds it; only its length is recorded (each answer's provenance.reasoning). "
+        + "; ".join(parts)
+        + "."
+    )
+    return {"stages": stages, "statement": sentence}
 
 
 def _publish_versions() -> dict[str, str | None]:

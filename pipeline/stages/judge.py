@@ -424,6 +424,7 @@ class JudgeStage(Stage):
             "parse_ok": True,
             "request_key": outcome.request.key,
             **_read_notes(reading),
+            **_reasoning_length(outcome),
         }
 
     @staticmethod
@@ -439,6 +440,7 @@ class JudgeStage(Stage):
             "request_key": outcome.request.key,
             "reasks": outcome.reasks,
             **_read_notes(reading),
+            **_reasoning_length(outcome),
         }
         if kind == "quality":
             for d in DIMENSIONS:
@@ -499,6 +501,13 @@ def _read_notes(reading: schemas.Reading) -> dict[str, Any]:
     """How a verdict was read: cut at max_tokens after its decisions (``cut``), and the
     rationales shortened to their bound (``clipped``, the fields' paths)."""
     return {"cut": reading.cut, "clipped": list(reading.clipped)}
+
+
+def _reasoning_length(outcome: Answer) -> dict[str, Any]:
+    """A reasoning model's verdict: the tokens of the reasoning taken out of it (nothing
+    for a verdict that came without one)."""
+    choice = outcome.result.choices[0]
+    return {} if choice.reasoning is None else {"reasoning_tokens": choice.reasoning_tokens}
 
 
 def _question(row: Mapping[str, Any]) -> str:

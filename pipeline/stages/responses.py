@@ -277,6 +277,20 @@ def _retry_of(req: ChatRequest, result: ChatResult) -> ChatRequest | None:
     return None
 
 
+def _reasoning_record(choice: Choice) -> dict[str, Any]:
+    """What a candidate's provenance records of its answer's reasoning (nothing when the
+    answer came with none): its tokens, characters, and whether it used its whole budget."""
+    if choice.reasoning is None:
+        return {}
+    return {
+        "reasoning": {
+            "tokens": choice.reasoning_tokens,
+            "chars": len(choice.reasoning),
+            "cut": choice.reasoning_cut,
+        }
+    }
+
+
 @dataclass
 class _Example:
     """What an example in flight keeps: its rubric, its jobs and the rows so far."""
@@ -465,6 +479,9 @@ class ResponseStage(Stage):
                             "prompt_tokens": ans.result.prompt_tokens,
                             "completion_tokens": ans.result.completion_tokens,
                         },
+                        # a reasoning model's reasoning, taken out of the text: its length
+                        # only (pipeline/backends/reasoning.py)
+                        **_reasoning_record(choice),
                     },
                 }
             )

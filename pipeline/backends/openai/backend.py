@@ -37,6 +37,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from pipeline.backends import reasoning
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
 from pipeline.backends.openai import dialects
 from pipeline.backends.openai.ratelimit import (
@@ -56,7 +57,7 @@ from pipeline.backends.openai.wire import (
     refusal_of,
     retry_after_seconds,
 )
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
+from pipeline.chat import ChatRequest, ChatResult, RequestFailure, reasoning_allowance
 from pipeline.errors import BackendError
 from pipeline.kinds.backend import Backend, RequestFeed, Resolve, TokenCount
 from pipeline.kinds.settings import OpenAISettings
@@ -127,6 +128,7 @@ class OpenAIBackend(Backend):
             default_query=ep.query or None,
         )
         self._answered = False  # a 403 after an answer is one request's, not the key's
+        self._reasoning = self.reasoning_record
         self._retrying: dict[str, Any] = dict(
             stop=stop_after_attempt(cfg.max_attempts),
             wait=_Wait(cfg.backoff_initial_s, cfg.backoff_max_s),
@@ -145,10 +147,31 @@ class OpenAIBackend(Backend):
         # the body in the server's dialect; a server that does not serve n > 1 gets n
         # requests of one choice each, answered one after another (one worker's slot)
         d = self.dialect(req.model)
-        bodies = d.bodies(req)
+        bodies = self._bodies(req)
         if len(bodies) == 1:
-            return d.answer(req, await self._post(req, bodies[0]))
-        return d.answer(req, dialects.merge([await self._post(req, b) for b in bodies]))
+            result = await self._post(req, bodies[0])
+        else:
+            result = dialects.merge([await self._post(req, b) for b in bodies])
+        return d.answer(req, self._reasoned(result))
+
+    def _bodies(self, req: ChatRequest) -> list[dict[str, Any]]:
+        """The request's bodies in the server's dialect, a reasoning model's reasoning budget
+        added to the answer's max_tokens (pipeline/backends/reasoning.py)."""
+        bodies = self.dialect(req.model).bodies(req)
+        extra = reasoning_allowance(req, self._reasoning)
+        if extra:
+            for body in bodies:
+                key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+                body[key] = int(body[key]) + extra
+        return bodies
+
+    def _reasoned(self, result: ChatResult) -> ChatResult:
+        """The reasoning apart from the answer: a <think> block in the content taken out
+        when the model reasons (``backend.openai.reasoning``); a server's own reasoning
+        field is read apart by parse_reply whatever the setting."""
+        if self._reasoning is not None:
+            return reasoning.finish(result, self._reasoning)
+        return reasoning.share_tokens(result) if result.reasoned else result
 
     async def _post(self, req: ChatRequest, body: dict[str, Any]) -> ChatResult:
         # client.post with cast_to=object: the SDK's HTTP, auth and error types, without
@@ -287,14 +310,14 @@ class OpenAIBackend(Backend):
             self,
             self.batch_folder,
             body=self._batch_body,
-            answer=lambda req, result: self.dialect(req.model).answer(req, result),
+            answer=lambda req, result: self.dialect(req.model).answer(req, self._reasoned(result)),
         )
 
     def _batch_body(self, req: ChatRequest) -> dict[str, Any]:
         """A batch line's body in the server's dialect (the same body a request sent one by
         one gets). A dialect that asks for ``n`` answers as ``n`` requests has no one line
         for the request: batch mode cannot send it."""
-        bodies = self.dialect(req.model).bodies(req)
+        bodies = self._bodies(req)
         if len(bodies) != 1:
             raise BackendError(
                 f"the server at {plain_url(self.server.base_url)} does not serve n > 1 for "
@@ -394,8 +417,12 @@ def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> di
     credentials and, for each model the run asks for, the entry it reports at /models;
     or the project's stand-in, which reports itself so."""
     # schemas sent with their string bounds (backend.openai.schema_bounds): answers made
-    # under another grammar are another backend's
-    bounds = {SCHEMA_BOUNDS: True} if cfg.schema_bounds else {}
+    # under another grammar are another backend's; so are a reasoning model's answers read
+    # another way (backend.openai.reasoning)
+    bounds: dict[str, Any] = {SCHEMA_BOUNDS: True} if cfg.schema_bounds else {}
+    record = cfg.reasoning.record()
+    if record is not None:
+        bounds["reasoning"] = record
     listed = list_models(cfg)
     by_id = {m.get("id"): m for m in listed if isinstance(m, dict)}
     for entry in by_id.values():
@@ -435,4 +462,4 @@ def describe_server(identity: dict[str, Any]) -> str:
             text += f"; {name}: {d.describe()}"
     if identity.get(SCHEMA_BOUNDS):
         text += "; schemas sent with their string bounds"
-    return text
+    return text + reasoning.describe(identity.get("reasoning"))

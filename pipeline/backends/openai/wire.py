@@ -114,23 +114,45 @@ class _EmptyAnswer(Exception):
 UnusableReply = _EmptyAnswer
 
 
+def _reply_choice(c: dict[str, Any]) -> Choice:
+    """One reply choice. A server with a reasoning parser (``vllm serve --reasoning-parser``)
+    returns a reasoning model's reasoning apart, as ``reasoning`` (vLLM 0.26) or
+    ``reasoning_content`` (older vLLM, DeepSeek's API); its content is then the answer
+    alone, and null when the reasoning used every token (pipeline/backends/reasoning.py)."""
+    message = c["message"]
+    finish = c.get("finish_reason") or "stop"
+    reasoning = message.get("reasoning")
+    if not isinstance(reasoning, str):
+        reasoning = message.get("reasoning_content")
+    content = message["content"]
+    if not isinstance(reasoning, str):
+        return Choice(_valid_unicode(content), finish)
+    text = _valid_unicode(content) if content is not None else ""
+    cut = finish == "length" and not (text or "").strip()
+    return Choice(text, finish, _valid_unicode(reasoning), reasoning_cut=cut)
+
+
 def parse_reply(resp: Any, req: ChatRequest) -> ChatResult:
     """A chat-completions reply body (a dict) as a :class:`ChatResult`; raises
     :data:`UnusableReply` when it holds no usable answer. The live backend reads every
     reply with it, and so do batch results (pipeline/backends/openai/lines.py): one reading."""
     try:
-        choices = [
-            Choice(_valid_unicode(c["message"]["content"]), c.get("finish_reason") or "stop")
-            for c in resp["choices"]
-        ]
+        choices = [_reply_choice(c) for c in resp["choices"]]
         usage = resp.get("usage") or {}
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("completion_tokens_details") or {}
+        reasoning_tokens = (
+            int(details.get("reasoning_tokens") or 0) if isinstance(details, dict) else 0
+        )
         model = resp.get("model") or req.model
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise _EmptyAnswer(f"the server's reply has no usable choices ({exc!r})") from None
     if not choices or any(not isinstance(c.text, str) for c in choices):
         raise _EmptyAnswer("the server returned no content")
+    reasoned = [c for c in choices if c.reasoning is not None]
+    if reasoning_tokens and len(reasoned) == 1:  # the server's own count (OpenAI's usage)
+        reasoned[0].reasoning_tokens = min(reasoning_tokens, completion_tokens or reasoning_tokens)
     return ChatResult(choices, prompt_tokens, completion_tokens, str(model))
 
 
