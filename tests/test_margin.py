@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.filters import PairView
+from pipeline.rules import PairView
 from pipeline.rules.verdicts import (
     a_side,
     direction,

@@ -254,7 +254,7 @@ class Placeholders(Protocol):
 # schemas and prompt rendering, profile ranking, the input readers.
 ROW_CODE: tuple[str, ...] = (
     "pipeline.rules", "pipeline.records", "pipeline.schemas", "pipeline.prompts",
-    "pipeline.promptfiles", "pipeline.profile", "pipeline.dedup", "pipeline.filters",
+    "pipeline.promptfiles", "pipeline.profile", "pipeline.dedup",
     "pipeline.fields", "pipeline.ids", "pipeline.ingest", "pipeline.inputs",
 )  # fmt: skip
 

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.dedup import profile_text
-from pipeline.filters import FILTERS, PairFilter, PairView, word_similarity
 from pipeline.ids import pair_id
 from pipeline.io import dumps, loads
 from pipeline.records import PAIR_RECORD_FIELDS
-from pipeline.rules import Rules
+from pipeline.rules import PairRule, PairView, RuleSet, word_similarity
 from pipeline.rules.verdicts import margin as pair_margin
 from pipeline.rules.verdicts import prefers
 from pipeline.run import StageDir
@@ -87,14 +86,11 @@ class PairStage(Stage):
         return self.input_count(ctx, "judge")  # one row per example
 
     @staticmethod
-    def rules(ctx: Context) -> Rules:
-        """The run's rules: the ``pairs`` thresholds and the answers' word cap."""
-        return Rules.from_config(ctx.config.pairs, ctx.config.responses.word_cap)
-
-    def filters(self, ctx: Context) -> list[PairFilter]:
-        # one Rules for every filter: built (patterns compiled) once per run
-        rules = self.rules(ctx)
-        return [FILTERS.get(n)(rules) for n in ctx.config.pairs.filters]
+    def filters(ctx: Context) -> list[PairRule]:
+        """The run's filters: its rules (``pairs`` thresholds and the answers' word cap,
+        built once per run) in ``pairs.filters`` order."""
+        rules = RuleSet(ctx.config.pairs, ctx.config.responses.word_cap)
+        return rules.filters(ctx.config.pairs.filters)
 
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
         filters = self.filters(ctx)
