@@ -327,6 +327,15 @@ class JudgeSection(_Section):
         description="Chosen x rejected combinations per example sent to the pairwise judge, "
         "best pointwise margin first.",
     )
+    stop: Literal["auto", "first_pass", "outranked", "all"] = Field(
+        "auto",
+        description="When an example stops asking pairwise verdicts: first_pass, at the first "
+        "combination that passes every filter (the kept pair: the best pointwise margin that "
+        "passes); outranked, once no combination left can beat the best passed on the full "
+        "margin (the pair judging all would keep); all, every combination a filter does not "
+        "drop on its pointwise verdicts, in one round; auto: all for a backend that answers "
+        "in rounds (batch files, a batch API), first_pass otherwise.",
+    )
     chunk_size: int = _shard_size("judge")
 
 

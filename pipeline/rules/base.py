@@ -23,12 +23,14 @@ from pydantic import AfterValidator, Field
 from pipeline.fields import SIDES, count_words, words
 from pipeline.registry import Registry
 from pipeline.rules.text import Hit
+from pipeline.rules.verdicts import margin, prefers
 
 T = TypeVar("T")
 
 
 class Skip:
-    """What an audit check returns for a row without the columns it reads."""
+    """What an audit check returns for a row without the columns it reads, and a filter
+    for a combination whose verdicts it reads were not asked (yet)."""
 
     def __bool__(self) -> bool:  # never a hit
         return False
@@ -140,6 +142,20 @@ class PairView:
     coverage_chosen: dict[str, Any] | None = None
     coverage_rejected: dict[str, Any] | None = None
     pairwise: dict[str, Any] = field(default_factory=dict)
+    # the pairwise kinds ("pairwise_aware", "pairwise_blind") not asked (yet)
+    pending: frozenset[str] = frozenset()
+
+    def margin(self) -> float:
+        """The margin it is ranked by (``pipeline.rules.verdicts.margin``), rounded; -inf
+        when a pointwise verdict it needs is missing."""
+        qc, qr, cc, cr = (self.quality_chosen, self.quality_rejected, self.coverage_chosen,
+                          self.coverage_rejected)  # fmt: skip
+        if not all(x and x.get("parse_ok") for x in (qc, qr, cc, cr)):
+            return float("-inf")
+        assert qc and qr and cc and cr
+        blind = prefers(self.pairwise, "pairwise_blind")
+        m = margin(cc["scores"], cr["scores"], self.rejected.get("violates") or [], qc, qr, blind)
+        return round(m, 4)
 
     def answer(self, side: str) -> Answer:
         cand = self.chosen if side == "chosen" else self.rejected
@@ -190,6 +206,9 @@ class PairRule:
     set_level: ClassVar[bool] = False
     # reads the judge's verdicts: refused in a run whose judge is off (judge.enabled)
     reads_verdicts: ClassVar[bool] = False
+    # reads only the verdicts that were asked (judge_parse): one the judge did not ask, for
+    # a candidate a text rule drops anyway, is left to that rule
+    asked_only: ClassVar[bool] = False
     thresholds: ClassVar[dict[str, Threshold]] = {}
     audits: ClassVar[tuple[AuditCheck, ...]] = ()
 
@@ -222,8 +241,9 @@ class PairRule:
         """A hit on the two answers together, or None."""
         return None
 
-    def check(self, pair: PairView) -> Verdict:
-        """Keep, or drop with a reason: each answer, then both."""
+    def check(self, pair: PairView) -> Verdict | Skip:
+        """Keep, or drop with a reason (SKIP: not before verdicts that are pending): each
+        answer, then both."""
         for side in SIDES:
             if isinstance(found := self.answer(pair.answer(side)), Hit):
                 return False, f"{side} answer {found.detail}"
@@ -241,6 +261,29 @@ class PairRule:
         """(threshold, why) when its settings contradict each other so that every pair would
         drop; ``enabled``: the rule is in ``pairs.filters``."""
         return None
+
+
+class Outcome(NamedTuple):
+    """What a combination's filters decided: the first that dropped it (``reason`` None:
+    every filter passed), its detail, how many passed before, and whether it stopped at a
+    filter that needs verdicts not asked yet (``undecided``)."""
+
+    reason: str | None
+    detail: str | None
+    passed: int
+    undecided: bool = False
+
+
+def run_filters(filters: Sequence[PairRule], pair: PairView) -> Outcome:
+    """The pair-level filters on one combination, in order, to the first that drops it or
+    cannot decide: what the pair stage keeps and the judge stops asking by."""
+    for i, f in enumerate(x for x in filters if not x.set_level):
+        got = f.check(pair)
+        if isinstance(got, Skip):
+            return Outcome(f.name, None, i, undecided=True)
+        if not got[0]:
+            return Outcome(f.name, got[1], i)
+    return Outcome(None, None, len([x for x in filters if not x.set_level]))
 
 
 @functools.lru_cache(maxsize=64)

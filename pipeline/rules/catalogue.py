@@ -30,6 +30,7 @@ from pipeline.rules.base import (
     PairRule,
     PairView,
     RowView,
+    Skip,
     Verdict,
     audit,
     threshold,
@@ -648,9 +649,15 @@ class PairwiseConsistency(PairRule):
             return Hit("rubric-blind judge prefers the chosen in both orders (leakage)", "")
         return None
 
-    def check(self, pair: PairView) -> Verdict:
-        aware, blind = (prefers(pair.pairwise, f"pairwise_{k}") for k in ("aware", "blind"))
-        hit = self.disagrees(aware) or self.leaks(blind)
+    def check(self, pair: PairView) -> Verdict | Skip:
+        # the rubric-aware verdicts decide first: asked alone, they can drop a pair
+        if "pairwise_aware" in pair.pending:
+            return SKIP
+        if hit := self.disagrees(prefers(pair.pairwise, "pairwise_aware")):
+            return False, hit.detail
+        if "pairwise_blind" in pair.pending:
+            return SKIP
+        hit = self.leaks(prefers(pair.pairwise, "pairwise_blind"))
         return (False, hit.detail) if hit else KEEP
 
     @audit("blind_leak", "Rubric-blind leak", needs=("pairwise_blind",))
@@ -672,15 +679,17 @@ class JudgeParse(PairRule):
 
     an unparsed verdict cannot be trusted either way"""
 
-    position, reads_verdicts = 10, True
+    position, reads_verdicts, asked_only = 10, True, True
 
     def check(self, pair: PairView) -> Verdict:
         for kind in ("quality", "coverage"):
             for side in ("chosen", "rejected"):
-                if not _judged(getattr(pair, f"{kind}_{side}")):
+                j = getattr(pair, f"{kind}_{side}")
+                # a candidate the judge did not ask about, since a text rule drops it
+                if not (j and j.get("skipped")) and not _judged(j):
                     return False, f"{kind} of {side} did not parse"
         for kind in ("pairwise_aware", "pairwise_blind"):
-            for order in ORDERS:
+            for order in ORDERS if kind not in pair.pending else ():
                 if not _judged(pair.pairwise.get(kind, {}).get(order)):
                     return False, f"{kind} {order} did not parse"
         return KEEP

@@ -2,6 +2,26 @@
 verdicts (rubric-aware and rubric-blind, both A/B orders) for the most promising
 chosen x rejected combinations of each example. Every score keeps its rationale.
 
+It asks only what can still change the pair the pair stage keeps, by the pair stage's own
+filters (``pipeline.rules.run_filters``, the run's ``pairs`` settings):
+
+- a candidate that a text rule drops (over the cap, a refusal, meta-text, cut off...) gets
+  no verdict at all: the rules that come before every verdict-reading rule in
+  ``pairs.filters`` are tried on each answer first (``skipped`` in the row, with the rule);
+- the shortlist (``judge.max_pairs_per_example`` combinations, best pointwise margin
+  first) is judged one combination at a time: a combination a filter drops on its
+  pointwise verdicts is never sent to the pairwise judge; the rubric-aware verdicts (both
+  orders) go first, the rubric-blind ones only if the aware ones keep the pair;
+- once a combination passes, the example stops (``judge.stop: first_pass``): the kept
+  pair is the passing combination with the best pointwise margin. With ``outranked``, a
+  later one is asked while its margin could still beat it (its pointwise margin plus the
+  largest rubric-blind term, ``margin_bound``), so the kept pair is the one judging every
+  combination would keep. The rest are marked ``not_asked: outranked``.
+
+Each example waits only on its own round trips; the examples in flight fill the engine's
+batch. The pair settings are part of this stage's fingerprint: a changed threshold re-does
+it from the cache, asking only the verdicts the new thresholds make worth asking.
+
 The stage streams: an example's pointwise requests go out as its candidates are read from
 the responses shards; once they are answered, its shortlist's pairwise requests are pushed
 ahead of the remaining input, and its row is written when the last verdict is in. Memory
@@ -27,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import math
 from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -37,9 +58,12 @@ from pipeline.chat import ChatRequest
 from pipeline.fields import DIMENSIONS, ORDERS
 from pipeline.ids import content_hash, pair_id
 from pipeline.io import dumps_sorted
+from pipeline.kinds.backend import BACKENDS
 from pipeline.llm import Answer, Failure, Job, LLMRunner
 from pipeline.prompts import load_template
-from pipeline.rules.verdicts import a_side, margin, shown_side
+from pipeline.rules import Hit, PairRule, PairView, RuleSet, run_filters
+from pipeline.rules.base import Answer as Text
+from pipeline.rules.verdicts import a_side, margin, margin_bound, shown_side
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
@@ -64,9 +88,16 @@ JUDGE_FIELDS = frozenset({"example_id", "quality", "coverage", "pairwise"})
 MEMO_KIND = "judge_row/1"
 
 
+# the pairwise judges in the order they are asked: the rubric-aware one can drop a pair alone
+STEPS = ("pairwise_aware", "pairwise_blind")
+# a combination not asked about: one judged already passes with a margin it cannot reach
+OUTRANKED = "outranked"
+
+
 @dataclass
 class _Judged:
-    """What an example in flight keeps: its candidates and the verdicts so far."""
+    """What an example in flight keeps: its candidates, the verdicts so far, and where
+    its shortlist stands (the combination being judged, the best margin passed so far)."""
 
     question: str
     items: list[dict[str, str]]
@@ -75,6 +106,9 @@ class _Judged:
     quality: dict[str, dict] = field(default_factory=dict)
     coverage: dict[str, dict] = field(default_factory=dict)
     pairs: list[dict] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)  # the shortlist in the order judged
+    cursor: int = 0
+    best: float | None = None
 
 
 class JudgeStage(Stage):
@@ -83,9 +117,10 @@ class JudgeStage(Stage):
         "ingest": frozenset({"example_id", "question"}),
         "rubrics": frozenset({"example_id", "items"}),
         "responses": frozenset(
-            {"candidate_id", "example_id", "side", "text", "violates", "strategy"}
+            {"candidate_id", "example_id", "side", "text", "violates", "honours", "strategy",
+             "finish_reason"}
         ),
-    }
+    }  # fmt: skip
     writes = JUDGE_FIELDS | {"provenance"}
 
     def uses_llm(self, ctx: Context) -> bool:
@@ -106,7 +141,28 @@ class JudgeStage(Stage):
                 "pairwise": schemas.pairwise_schema(m, cap),
                 "coverage": schemas.coverage_schema(1, m, cap)[0],
             },
+            # the filters it stops asking by, and when it stops
+            "stop": self.stop(ctx),
+            "pairs": c.pairs.model_dump(mode="json"),
+            "word_cap": c.responses.word_cap,
         }
+
+    @staticmethod
+    def filters(ctx: Context) -> list[PairRule]:
+        """The pair stage's pair-level filters, built once per run."""
+        rules = RuleSet(ctx.config.pairs, ctx.config.responses.word_cap)
+        return [f for f in rules.filters(ctx.config.pairs.filters) if not f.set_level]
+
+    @staticmethod
+    def text_rules(filters: list[PairRule]) -> list[PairRule]:
+        """The filters that come before every one that reads a verdict the judge may not
+        ask (``asked_only`` ones read only what was asked): tried on each answer first."""
+        out = []
+        for f in filters:
+            if f.reads_verdicts and not f.asked_only:
+                break
+            out.append(f)
+        return out
 
     @staticmethod
     def model(ctx: Context) -> str:
@@ -219,6 +275,19 @@ class JudgeStage(Stage):
 
         return Job(req, tag, validate, salvage)
 
+    @staticmethod
+    def _skip(ex: _Judged, rules: list[PairRule]) -> None:
+        """Mark the candidates a text rule drops (``rules``: :meth:`text_rules`): they get
+        no verdict, and every combination holding one is dropped by that rule."""
+        aspects = [it["aspect"] for it in ex.items if isinstance(it.get("aspect"), str)]
+        for cand in ex.cands:
+            answer = Text(cand["text"], cand.get("finish_reason"), aspects)
+            for rule in rules:
+                if isinstance(rule.answer(answer), Hit):
+                    ex.quality[cand["candidate_id"]] = {"skipped": rule.name}
+                    ex.coverage[cand["candidate_id"]] = {"skipped": rule.name}
+                    break
+
     def _pointwise_jobs(self, ctx: Context, ex: _Judged) -> list[Job]:
         c = ctx.config
         m, cap = c.judge.sampling.max_tokens, c.judge.rationale_max_chars
@@ -231,6 +300,8 @@ class JudgeStage(Stage):
         jobs = []
         for cand in ex.cands:
             cid = cand["candidate_id"]
+            if cid in ex.quality:  # skipped: a text rule drops it
+                continue
             req = self._request(ctx, "quality", q_schema, question=ex.question, answer=cand["text"])
             jobs.append(self._job(req, ("quality", cid), q_schema))
             req = self._request(
@@ -240,22 +311,98 @@ class JudgeStage(Stage):
             jobs.append(self._job(req, ("coverage", cid), c_schema))
         return jobs
 
-    def _pairwise_jobs(self, ctx: Context, ex: _Judged) -> list[Job]:
+    def _pairwise_jobs(self, ctx: Context, ex: _Judged, pi: int, kind: str) -> list[Job]:
+        """The ``kind`` verdicts of combination ``pi`` of the shortlist, both A/B orders."""
         c = ctx.config
         p_schema = schemas.pairwise_schema(c.judge.sampling.max_tokens, c.judge.rationale_max_chars)
         texts = {cand["candidate_id"]: cand["text"] for cand in ex.cands}
+        pair = ex.pairs[pi]
+        ch, rj = texts[pair["chosen_id"]], texts[pair["rejected_id"]]
+        extra: dict[str, Any] = {"items": ex.items} if kind == "pairwise_aware" else {}
         jobs = []
-        for pi, pair in enumerate(ex.pairs):
-            ch, rj = texts[pair["chosen_id"]], texts[pair["rejected_id"]]
-            for kind in ("pairwise_aware", "pairwise_blind"):
-                extra: dict[str, Any] = {"items": ex.items} if kind == "pairwise_aware" else {}
-                for order in ORDERS:
-                    a, b = (ch, rj) if a_side(order) == "chosen" else (rj, ch)
-                    req = self._request(
-                        ctx, kind, p_schema, question=ex.question, answer_a=a, answer_b=b, **extra
-                    )
-                    jobs.append(self._job(req, ("pair", (pi, kind, order)), p_schema))
+        for order in ORDERS:
+            a, b = (ch, rj) if a_side(order) == "chosen" else (rj, ch)
+            req = self._request(
+                ctx, kind, p_schema, question=ex.question, answer_a=a, answer_b=b, **extra
+            )
+            jobs.append(self._job(req, ("pair", (pi, kind, order)), p_schema))
         return jobs
+
+    def _view(self, ex: _Judged, pair: dict) -> PairView:
+        """A shortlisted combination as the pair stage will see it."""
+        cands = {c["candidate_id"]: c for c in ex.cands}
+        c_id, r_id = pair["chosen_id"], pair["rejected_id"]
+        return PairView(
+            example={},
+            rubric={"items": ex.items},
+            chosen=cands[c_id],
+            rejected=cands[r_id],
+            quality_chosen=ex.quality.get(c_id),
+            quality_rejected=ex.quality.get(r_id),
+            coverage_chosen=ex.coverage.get(c_id),
+            coverage_rejected=ex.coverage.get(r_id),
+            pairwise={k: pair.get(k, {}) for k in STEPS},
+            pending=frozenset(k for k in STEPS if k not in pair),
+        )
+
+    @staticmethod
+    def stop(ctx: Context) -> str:
+        """``judge.stop`` as it applies to this backend (``auto`` resolved)."""
+        stop = ctx.config.judge.stop
+        if stop != "auto":
+            return stop
+        backend = BACKENDS.get(ctx.config.backend.name)
+        return "all" if backend.answers_in_rounds(ctx.config.backend) else "first_pass"
+
+    def _advance(self, ctx: Context, ex: _Judged, filters: list[PairRule]) -> list[Job]:
+        """The next verdicts the shortlist needs, or none when it is settled: each
+        combination in turn, judged until a filter drops it or it passes, and none asked
+        once the best margin passed so far outranks what is left (``stop: all``: every
+        combination a filter does not drop, both judges at once)."""
+        mode = self.stop(ctx)
+        if mode == "all":
+            jobs: list[Job] = []
+            for pi in ex.order:
+                pair = ex.pairs[pi]
+                if run_filters(filters, self._view(ex, pair)).undecided:
+                    for kind in [k for k in STEPS if k not in pair]:
+                        pair[kind] = {}
+                        jobs += self._pairwise_jobs(ctx, ex, pi, kind)
+            return jobs
+        first = mode == "first_pass"
+        while ex.cursor < len(ex.order):
+            pi = ex.order[ex.cursor]
+            pair = ex.pairs[pi]
+            if ex.best is not None and (first or margin_bound(pair["pointwise_margin"]) < ex.best):
+                for rest in ex.order[ex.cursor :]:
+                    ex.pairs[rest]["not_asked"] = OUTRANKED
+                ex.cursor = len(ex.order)
+                break
+            view = self._view(ex, pair)
+            outcome = run_filters(filters, view)
+            unasked = [k for k in STEPS if k not in pair]
+            if outcome.undecided and unasked:
+                pair[unasked[0]] = {}
+                return self._pairwise_jobs(ctx, ex, pi, unasked[0])
+            if outcome.reason is None:
+                ex.best = max(view.margin(), ex.best if ex.best is not None else -math.inf)
+            ex.cursor += 1
+        return []
+
+    def _shortlist_and_advance(
+        self, ctx: Context, example_id: str, ex: _Judged, filters: list[PairRule]
+    ) -> list[Job]:
+        ex.pairs = self._shortlist(ctx, example_id, ex)
+        # judged best first, ties to the smaller pair id: the order the pair stage keeps by
+        margins = [p["pointwise_margin"] for p in ex.pairs]
+        ex.order = sorted(
+            range(len(ex.pairs)),
+            key=lambda i: (
+                -(margins[i] if margins[i] is not None else -math.inf),
+                ex.pairs[i]["pair_id"],
+            ),
+        )
+        return self._advance(ctx, ex, filters)
 
     # ---- the stage ---------------------------------------------------------------------
     async def _run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
@@ -279,6 +426,8 @@ class JudgeStage(Stage):
                 memo_new = []
 
         loop = ExampleLoop(out, self.shard_size(ctx), after_flush=store_memos)
+        filters = self.filters(ctx)
+        text_rules = self.text_rules(filters)
 
         def jobs(runner: LLMRunner) -> Iterator[Job]:
             nonlocal memo_hits
@@ -300,7 +449,14 @@ class JudgeStage(Stage):
                         loop.emit([memo["row"]])
                         continue
                     ex = _Judged(questions[ex_id], items[ex_id], cs, mkey)
-                    yield from loop.start(ex_id, self._pointwise_jobs(ctx, ex), ex)
+                    self._skip(ex, text_rules)
+                    first = self._pointwise_jobs(ctx, ex)
+                    if not first:  # every candidate dropped by a text rule: nothing to ask
+                        first = self._shortlist_and_advance(ctx, ex_id, ex, filters)
+                    if not first:
+                        loop.emit([self._row(ctx, ex_id, ex)])
+                        continue
+                    yield from loop.start(ex_id, first, ex)
                 block = []
 
         def on_outcome(st: OpenExample, key: tuple, outcome: Answer | Failure) -> list[Job]:
@@ -308,14 +464,14 @@ class JudgeStage(Stage):
             kind, what = key
             if kind == "pair":
                 self._record_pairwise(ex, what, outcome)
-                return []
-            target = ex.quality if kind == "quality" else ex.coverage
-            target[what] = self._pointwise_row(kind, outcome, ex.items)
+            else:
+                target = ex.quality if kind == "quality" else ex.coverage
+                target[what] = self._pointwise_row(kind, outcome, ex.items)
             if st.outstanding > 1:
                 return []
-            # the last pointwise verdict is in: ask for the shortlist's pairwise verdicts
-            ex.pairs = self._shortlist(ctx, st.example_id, ex)
-            return self._pairwise_jobs(ctx, ex)
+            if kind != "pair":  # the last pointwise verdict is in: the shortlist
+                return self._shortlist_and_advance(ctx, st.example_id, ex, filters)
+            return self._advance(ctx, ex, filters)
 
         def on_complete(st: OpenExample) -> tuple[list[dict], list[dict]]:
             row = self._row(ctx, st.example_id, st.state)
@@ -330,18 +486,30 @@ class JudgeStage(Stage):
             )
             llm_stats = runner.stats.as_dict()
 
-        examples = candidates = pairs_judged = parse_failures = 0
+        examples = candidates = pairs_judged = parse_failures = outranked = 0
+        skipped: dict[str, int] = {}
         for r in out.rows():
             examples += 1
-            candidates += len(r["quality"])
-            pairs_judged += len(r["pairwise"])
+            for v in r["quality"].values():
+                if v.get("skipped"):
+                    skipped[v["skipped"]] = skipped.get(v["skipped"], 0) + 1
+                else:
+                    candidates += 1
+            for p in r["pairwise"]:
+                outranked += p.get("not_asked") == OUTRANKED
+                pairs_judged += any(k in p for k in STEPS)
             parse_failures += sum(
-                1 for d in (r["quality"], r["coverage"]) for v in d.values() if not v["parse_ok"]
+                1
+                for d in (r["quality"], r["coverage"])
+                for v in d.values()
+                if not v.get("parse_ok") and not v.get("skipped")
             )
         return {
             "examples": examples,
             "candidates_judged": candidates,
+            "candidates_skipped": dict(sorted(skipped.items())),
             "pairs_judged": pairs_judged,
+            "pairs_outranked": outranked,
             "parse_failures": parse_failures,
             "resumed_examples": len(done),
             "pending_examples": loop.pending,
@@ -402,7 +570,11 @@ class JudgeStage(Stage):
             except ValueError:
                 ex.quality, ex.coverage, guessed = {}, {}, True
             ex.pairs = self._shortlist(ctx, ex_id, ex)
-            requests = [j.request for j in pointwise + self._pairwise_jobs(ctx, ex)]
+            pairwise = [
+                j for pi in range(len(ex.pairs)) for k in STEPS
+                for j in self._pairwise_jobs(ctx, ex, pi, k)
+            ]  # fmt: skip
+            requests = [j.request for j in pointwise + pairwise]
             replayed = int(memo["requests"]) if memo is not None else 0
             yield PlannedExample(ex_id, requests, replayed=replayed, estimated=guessed)
 
@@ -468,7 +640,7 @@ class JudgeStage(Stage):
                 scored.append((-m, ch["candidate_id"], rj["candidate_id"], m))
         scored.sort()
         k = ctx.config.judge.max_pairs_per_example
-        return [
+        short = [
             {
                 "pair_id": pair_id(example_id, c_id, r_id),
                 "chosen_id": c_id,
@@ -477,6 +649,7 @@ class JudgeStage(Stage):
             }
             for _, c_id, r_id, m in scored[:k]
         ]
+        return short
 
     def _row(self, ctx: Context, example_id: str, ex: _Judged) -> dict[str, Any]:
         ids = [c["candidate_id"] for c in ex.cands]
