@@ -94,6 +94,12 @@ def check_consistency(cfg: Config, source: str) -> None:
             path=source,
             field="run.budget.usd",
         )
+    if cfg.responses.sampling.max_tokens is None:
+        raise ConfigError(
+            "must be a number of tokens: an answer in prose has no schema to bound it",
+            path=source,
+            field="responses.sampling.max_tokens",
+        )
     if r.min_items > r.max_items:
         raise ConfigError(
             f"rubrics.min_items ({r.min_items}) exceeds rubrics.max_items ({r.max_items}); "

@@ -206,7 +206,13 @@ class SamplingSection(_Section):
     temperature: float = Field(0.8, ge=0, le=2, description="Sampling temperature.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass.")
     # 2**20 tokens: more than any model's whole context window
-    max_tokens: int = Field(400, ge=1, le=2**20, description="Longest answer in tokens.")
+    max_tokens: int | None = Field(
+        400,
+        ge=1,
+        le=2**20,
+        description="Longest answer in tokens; null (the judge's and the rubric stage's "
+        "default): what the longest answer its JSON schema allows takes (docs/plan.md).",
+    )
 
 
 class ProfileSection(_Section):
@@ -259,9 +265,9 @@ class RubricsSection(_Section):
         "is kept as the input has it, as the reference keeps it; only exact repeats go).",
     )
     sampling: SamplingSection = Field(
-        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=2048),
+        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=None),
         description="Sampling for rubric generation (greedy by default: one rubric per user); "
-        "max_tokens also sizes the schema's text fields.",
+        "a max_tokens given also sizes the schema's text fields.",
     )
     reasks: int = Field(
         2,
@@ -303,16 +309,17 @@ class JudgeSection(_Section):
         None, description="Judge model; default: backend.model (a stronger judge is better)."
     )
     sampling: SamplingSection = Field(
-        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=1024),
+        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=None),
         description="Sampling for judge calls (greedy: verdicts should be reproducible); "
-        "max_tokens also sizes the verdict schemas' rationales.",
+        "max_tokens null: each verdict's schema's bound; a number also sizes the schemas' "
+        "rationales.",
     )
     rationale_max_chars: int = Field(
         300,
         ge=40,
         le=100_000,
-        description="Longest rationale a verdict schema allows (shorter when max_tokens is "
-        "tight; see pipeline/schemas.py).",
+        description="Longest rationale a verdict schema allows (shorter when a given "
+        "max_tokens is tight; see pipeline/schemas.py).",
     )
     enabled: bool = Field(
         True,

@@ -55,6 +55,7 @@ from typing import Any
 
 from pipeline import schemas
 from pipeline.chat import ChatRequest
+from pipeline.errors import PipelineError
 from pipeline.fields import DIMENSIONS, ORDERS
 from pipeline.ids import content_hash, pair_id
 from pipeline.io import dumps_sorted
@@ -92,6 +93,11 @@ MEMO_KIND = "judge_row/1"
 STEPS = ("pairwise_aware", "pairwise_blind")
 # a combination not asked about: one judged already passes with a margin it cannot reach
 OUTRANKED = "outranked"
+# what `prb plan` expects of the pairwise judges until this run has judged enough to
+# measure it (MEASURED_FROM combinations): the rubric-aware one keeps this share of what it
+# is sent, the rubric-blind one this share of what the aware one kept (an assumption)
+ASSUMED_SHARES = (0.9, 0.9)
+MEASURED_FROM = 20
 
 
 @dataclass
@@ -276,11 +282,12 @@ class JudgeStage(Stage):
         return Job(req, tag, validate, salvage)
 
     @staticmethod
-    def _skip(ex: _Judged, rules: list[PairRule]) -> None:
-        """Mark the candidates a text rule drops (``rules``: :meth:`text_rules`): they get
-        no verdict, and every combination holding one is dropped by that rule."""
+    def _skip(ex: _Judged, rules: list[PairRule], cands: list[dict] | None = None) -> None:
+        """Mark the candidates (default: all) a text rule drops (``rules``:
+        :meth:`text_rules`): they get no verdict, and every combination holding one is
+        dropped by that rule."""
         aspects = [it["aspect"] for it in ex.items if isinstance(it.get("aspect"), str)]
-        for cand in ex.cands:
+        for cand in ex.cands if cands is None else cands:
             answer = Text(cand["text"], cand.get("finish_reason"), aspects)
             for rule in rules:
                 if isinstance(rule.answer(answer), Hit):
@@ -300,9 +307,12 @@ class JudgeStage(Stage):
         jobs = []
         for cand in ex.cands:
             cid = cand["candidate_id"]
-            if cid in ex.quality:  # skipped: a text rule drops it
+            if ex.quality.get(cid, {}).get("skipped"):  # a text rule drops it
                 continue
-            req = self._request(ctx, "quality", q_schema, question=ex.question, answer=cand["text"])
+            req = self._request(
+                ctx, "quality", q_schema, schemas.request_tokens(q_schema, m),
+                question=ex.question, answer=cand["text"],
+            )  # fmt: skip
             jobs.append(self._job(req, ("quality", cid), q_schema))
             req = self._request(
                 ctx, "coverage", c_schema, c_tokens,
@@ -314,7 +324,8 @@ class JudgeStage(Stage):
     def _pairwise_jobs(self, ctx: Context, ex: _Judged, pi: int, kind: str) -> list[Job]:
         """The ``kind`` verdicts of combination ``pi`` of the shortlist, both A/B orders."""
         c = ctx.config
-        p_schema = schemas.pairwise_schema(c.judge.sampling.max_tokens, c.judge.rationale_max_chars)
+        m = c.judge.sampling.max_tokens
+        p_schema = schemas.pairwise_schema(m, c.judge.rationale_max_chars)
         texts = {cand["candidate_id"]: cand["text"] for cand in ex.cands}
         pair = ex.pairs[pi]
         ch, rj = texts[pair["chosen_id"]], texts[pair["rejected_id"]]
@@ -323,8 +334,9 @@ class JudgeStage(Stage):
         for order in ORDERS:
             a, b = (ch, rj) if a_side(order) == "chosen" else (rj, ch)
             req = self._request(
-                ctx, kind, p_schema, question=ex.question, answer_a=a, answer_b=b, **extra
-            )
+                ctx, kind, p_schema, schemas.request_tokens(p_schema, m),
+                question=ex.question, answer_a=a, answer_b=b, **extra,
+            )  # fmt: skip
             jobs.append(self._job(req, ("pair", (pi, kind, order)), p_schema))
         return jobs
 
@@ -392,6 +404,11 @@ class JudgeStage(Stage):
     def _shortlist_and_advance(
         self, ctx: Context, example_id: str, ex: _Judged, filters: list[PairRule]
     ) -> list[Job]:
+        self._order(ctx, example_id, ex)
+        return self._advance(ctx, ex, filters)
+
+    def _order(self, ctx: Context, example_id: str, ex: _Judged) -> None:
+        """The shortlist, and the order it is judged in."""
         ex.pairs = self._shortlist(ctx, example_id, ex)
         # judged best first, ties to the smaller pair id: the order the pair stage keeps by
         margins = [p["pointwise_margin"] for p in ex.pairs]
@@ -402,7 +419,6 @@ class JudgeStage(Stage):
                 ex.pairs[i]["pair_id"],
             ),
         )
-        return self._advance(ctx, ex, filters)
 
     # ---- the stage ---------------------------------------------------------------------
     async def _run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
@@ -532,15 +548,21 @@ class JudgeStage(Stage):
     def plan_examples(
         self, ctx: Context, done: AbstractSet[str], placeholders: Placeholders
     ) -> Iterator[PlannedExample]:
-        """The pointwise requests ``run`` sends for each example and the pairwise ones of
-        its shortlist. The shortlist is the one ``run`` picks when every pointwise answer is
-        in the cache; otherwise the first combinations stand in for it (as many pairs, so
-        the count is exact; the prompts are estimates). An example whose row is kept whole
-        in the cache (the memo) sends none of them."""
+        """The pointwise requests ``run`` sends for each example (none for a candidate a
+        text rule drops, where the answers are written) and every pairwise one its
+        shortlist could need, each with the share of runs that send it: 1 where the cache
+        settles it, else by :meth:`pass_shares` (``prb plan``'s expected count; the largest
+        is every one). The shortlist is the one ``run`` picks when every pointwise answer is
+        in the cache; otherwise the first combinations stand in for it. An example whose
+        row is kept whole in the cache (the memo) sends none of them."""
         if not ctx.config.judge.enabled:
             return  # nothing is sent
         questions, items = self.prompt_inputs(ctx)
         salt = self.memo_salt(ctx)
+        filters = self.filters(ctx)
+        text_rules = self.text_rules(filters)
+        shares = self.pass_shares(ctx)
+        filler = placeholders.answer()
         for cands in self._grouped(ctx):
             ex_id = cands[0]["example_id"]
             if ex_id in done:
@@ -548,35 +570,142 @@ class JudgeStage(Stage):
             mkey = self.memo_key(salt, questions, items, cands)
             memo = ctx.cache.get_derived_many([mkey]).get(mkey)
             ex = _Judged(questions[ex_id], items[ex_id], cands, mkey)
+            if memo is not None:  # the row kept whole: the requests it was made of
+                row = memo["row"]
+                ex.quality, ex.coverage, ex.pairs = row["quality"], row["coverage"], row["pairwise"]
+                asked = self._pointwise_jobs(ctx, ex) + [
+                    j for pi, pair in enumerate(ex.pairs) for k in STEPS if k in pair
+                    for j in self._pairwise_jobs(ctx, ex, pi, k)
+                ]  # fmt: skip
+                requests = [j.request for j in asked]
+                yield PlannedExample(ex_id, requests, replayed=int(memo["requests"]))
+                continue
+            self._skip(ex, text_rules, [c for c in cands if c["text"] != filler])
             pointwise = self._pointwise_jobs(ctx, ex)
             hits = ctx.cache.get_many(j.request.key for j in pointwise)
-            guessed = False
-            try:
-                for job in pointwise:
-                    hit = hits.get(job.request.key)
-                    if hit is None or job.validate is None:
-                        raise ValueError("not cached")
-                    choice = hit.choices[0]
-                    try:
-                        reading = job.validate(job.request, choice.text)
-                    except ValueError:
-                        if job.salvage is None:
-                            raise
-                        reading = job.salvage(job.request, choice.text)
-                    answer = Answer(hit, [reading], job.request)
+            answers = [self._cached(job, hits) for job in pointwise]
+            known = all(a is not None for a in answers)
+            for job, answer in zip(pointwise, answers, strict=True):
+                if answer is not None:
                     kind, cid = job.tag
                     target = ex.quality if kind == "quality" else ex.coverage
                     target[cid] = self._pointwise_row(kind, answer, ex.items)
+            if not known:  # the shortlist waits on verdicts not in: the first ones stand in
+                for cid in [c for c in ex.quality if not ex.quality[c].get("skipped")]:
+                    ex.quality.pop(cid), ex.coverage.pop(cid, None)
+            self._order(ctx, ex_id, ex)
+            jobs, sent_share = self._plan_pairwise(ctx, ex, filters, known, shares)
+            yield PlannedExample(
+                ex_id, [j.request for j in pointwise + jobs], estimated=not known,
+                sent_share=[1.0] * len(pointwise) + sent_share,
+            )  # fmt: skip
+
+    @staticmethod
+    def _cached(job: Job, hits: Mapping[str, Any]) -> Answer | None:
+        """The cached answer of a job, read as the run reads it; None when not cached."""
+        hit = hits.get(job.request.key)
+        if hit is None or job.validate is None:
+            return None
+        text = hit.choices[0].text
+        try:
+            reading = job.validate(job.request, text)
+        except ValueError:
+            if job.salvage is None:
+                return None
+            try:
+                reading = job.salvage(job.request, text)
             except ValueError:
-                ex.quality, ex.coverage, guessed = {}, {}, True
-            ex.pairs = self._shortlist(ctx, ex_id, ex)
-            pairwise = [
-                j for pi in range(len(ex.pairs)) for k in STEPS
-                for j in self._pairwise_jobs(ctx, ex, pi, k)
-            ]  # fmt: skip
-            requests = [j.request for j in pointwise + pairwise]
-            replayed = int(memo["requests"]) if memo is not None else 0
-            yield PlannedExample(ex_id, requests, replayed=replayed, estimated=guessed)
+                return None
+        return Answer(hit, [reading], job.request)
+
+    def _plan_pairwise(
+        self,
+        ctx: Context,
+        ex: _Judged,
+        filters: list[PairRule],
+        known: bool,
+        shares: tuple[float, float],
+    ) -> tuple[list[Job], list[float]]:
+        """Every pairwise job the shortlist could need, and the share of runs that send
+        each: the run's own steps (:meth:`_advance`) while the cache answers them, then
+        by ``shares`` (the rubric-aware judge keeps a pair, the rubric-blind one keeps what
+        the aware one kept); a combination a filter drops on its pointwise verdicts, none."""
+        mode, (aware, blind) = self.stop(ctx), shares
+        reach, settled = 1.0, known
+        out: list[tuple[Job, float]] = []
+        for pi in ex.order:
+            pair = ex.pairs[pi]
+            best = ex.best if settled and mode != "all" else None
+            bound = margin_bound(pair["pointwise_margin"])
+            if best is not None and (mode == "first_pass" or bound < best):
+                reach = 0.0
+            open_ = False  # this combination reaches a step the cache does not settle
+            for kind in STEPS:
+                jobs = self._pairwise_jobs(ctx, ex, pi, kind)
+                outcome = run_filters(filters, self._view(ex, pair)) if known else None
+                if outcome is not None and not outcome.undecided:  # settled without it
+                    out += [(j, 0.0) for j in jobs]
+                    if outcome.reason is None and settled:
+                        ex.best = max(self._view(ex, pair).margin(), ex.best or -math.inf)
+                    continue
+                answers = [self._cached(j, ctx.cache.get_many([j.request.key])) for j in jobs]
+                if settled and all(a is not None for a in answers):
+                    for j, a in zip(jobs, answers, strict=True):
+                        assert a is not None
+                        self._record_pairwise(ex, j.tag[1], a)
+                    out += [(j, 0.0 if reach == 0 else 1.0) for j in jobs]
+                    continue
+                settled, open_ = False, True  # from here on, an expectation
+                asked = reach if kind == STEPS[0] or mode == "all" else reach * aware
+                out += [(j, asked) for j in jobs]
+            if open_ and mode != "all":
+                reach *= 1 - aware * blind
+        return [j for j, _ in out], [p for _, p in out]
+
+    def pass_shares(self, ctx: Context) -> tuple[float, float]:
+        """The shares ``prb plan`` expects the pairwise verdicts by: of the combinations
+        sent to the rubric-aware judge, those it keeps (the chosen preferred in both orders),
+        and of those sent on to the rubric-blind judge, those it keeps (not the chosen in
+        both): measured on this run's judged rows from 20 combinations, else
+        ``ASSUMED_SHARES``."""
+        aware = [0, 0]
+        blind = [0, 0]
+        try:
+            rows = itertools.islice(ctx.run_dir.stage(self.name).rows(), 5000)
+            for r in rows:
+                for p in r["pairwise"]:
+                    for kind, tally, keeps in (
+                        ("pairwise_aware", aware, lambda d: d == ["chosen", "chosen"]),
+                        ("pairwise_blind", blind, lambda d: d != ["chosen", "chosen"]),
+                    ):
+                        v = p.get(kind) or {}
+                        if all((v.get(o) or {}).get("parse_ok") for o in ORDERS):
+                            tally[0] += 1
+                            tally[1] += keeps([v[o].get("prefers") for o in ORDERS])
+        except PipelineError:
+            pass
+        if aware[0] < MEASURED_FROM:
+            return ASSUMED_SHARES
+        b = blind[1] / blind[0] if blind[0] >= MEASURED_FROM else ASSUMED_SHARES[1]
+        return aware[1] / aware[0], b
+
+    def plan_note(self, ctx: Context) -> str | None:
+        if not ctx.config.judge.enabled:
+            return None
+        a, b = self.pass_shares(ctx)
+        how = "measured on this run's judged rows" if (a, b) != ASSUMED_SHARES else "assumed"
+        stop = self.stop(ctx)
+        rule = {
+            "first_pass": "stops at the first combination that passes",
+            "outranked": "stops once no combination left can win (counted as first_pass: "
+            "at least this many)",
+            "all": "asks every combination the pointwise filters keep, at once",
+        }[stop]
+        return (
+            f"expected requests: the judge {rule} (judge.stop: {stop}); {a:.0%} of the "
+            f"combinations sent to the rubric-aware judge pass it and {b:.0%} of those pass the "
+            f"rubric-blind one ({how}); the requests column is the largest it could send"
+        )
 
     @staticmethod
     def _record_pairwise(ex: _Judged, key: tuple, outcome: Answer | Failure) -> None:
