@@ -113,7 +113,10 @@ def measure(cfg: Path, run_dir: Path, repeats: int) -> dict[str, Any]:
             "requests": s["total"]["requests"],
             "cached": s["cached"],
             "to_send": s["to_send"]["requests"],
+            # the judge sends part of what it could: what the plan expects it to send
+            "to_send_expected": round(s["to_send"]["requests_expected"], 1),
             "prompt_tokens": s["to_send"]["prompt_tokens"],
+            "prompt_tokens_expected": round(s["to_send"]["prompt_expected"]),
             "output_expected": s["to_send"]["output_expected"],
             "output_bound": s["to_send"]["output_bound"],
             "estimated": s["estimated"],
@@ -151,12 +154,15 @@ def check_against_run(cfg: Path, run_dir: Path, results: dict[str, Any]) -> dict
         expected = planned["output_expected"]
         out["stages"][name] = {
             "requests_planned": planned["to_send"],
+            "requests_expected": planned["to_send_expected"],
             "requests_sent": llm["sent"],
             "reasks": llm["reasks"],
             "failed": llm["failed"],
-            "prompt_tokens_planned": planned["prompt_tokens"],
+            "prompt_tokens_planned": planned["prompt_tokens_expected"],
             "prompt_tokens_actual": llm["prompt_tokens"],
-            "prompt_ratio": round(planned["prompt_tokens"] / max(llm["prompt_tokens"], 1), 3),
+            "prompt_ratio": round(
+                planned["prompt_tokens_expected"] / max(llm["prompt_tokens"], 1), 3
+            ),
             "output_tokens_planned": expected,
             "output_tokens_actual": llm["completion_tokens"],
             "output_ratio": round(expected / max(llm["completion_tokens"], 1), 3)

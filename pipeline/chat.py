@@ -34,7 +34,7 @@ class Sampling(Protocol):
 
     temperature: float
     top_p: float
-    max_tokens: int
+    max_tokens: int | None  # None: the stage passes its schema's bound
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class ChatRequest:
             model=model,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            max_tokens=max_tokens or sampling.max_tokens,
+            max_tokens=_tokens(max_tokens or sampling.max_tokens),
             n=n,
             seed=seed,
             json_schema=json_schema,
@@ -264,3 +264,9 @@ class RequestFailure:
     # True: nothing was sent; the backend holds no answer for it yet and it waits for one
     # from elsewhere (batch files, pipeline/batch/): the runner keeps its example pending
     unanswered: bool = False
+
+
+def _tokens(max_tokens: int | None) -> int:
+    if max_tokens is None:  # the stage gives the bound its schema needs (schemas.request_tokens)
+        raise ValueError("a request needs max_tokens: the stage gives its schema's bound")
+    return max_tokens

@@ -1,14 +1,12 @@
 """One registry class for every kind the project extends: backends, dialects, input formats,
-filters, audit checks, stages, eval scorers.
+pair rules, stages, eval scorers.
 
-A registry maps names to classes (or, for a kind made of instances such as the audit's
-checks, to instances of one class). An entry is the object itself or a ``"module:attr"``
+A registry maps names to classes. An entry is the class itself or a ``"module:attr"``
 string imported on first use, so heavy engines (vLLM, Ray, ``datasets``) stay out of
 ``import pipeline``. Every registration is checked the same way: a name taken twice, an
-object that is not a class (or not an instance, for instance kinds), a class that is not a
-subclass of the kind's base, and a class whose own name differs from the registered one
-are refused at once (a lazy entry when it is first imported). An unknown name is a
-``ConfigError`` with the closest known name.
+object that is not a class, a class that is not a subclass of the kind's base, and a class
+whose own name differs from the registered one are refused at once (a lazy entry when it is
+first imported). An unknown name is a ``ConfigError`` with the closest known name.
 """
 
 from __future__ import annotations
@@ -32,14 +30,13 @@ def load_target(spec: str) -> Any:
 
 
 class Registry(Generic[T]):
-    """Names -> the kind's classes (or instances).
+    """Names -> the kind's classes.
 
-    ``base``: the class every entry must subclass (or, with ``instances``, be an instance
-    of), given as the class or a ``"module:Class"`` string resolved when first needed.
-    ``name_attr``: the entry's attribute that holds its name (``name``; ``code`` for the
-    audit's checks); an entry whose attribute is empty gets the registered name, one whose
-    attribute differs is refused. ``field``: the config field an unknown name is reported
-    on (default: the kind).
+    ``base``: the class every entry must subclass, given as the class or a
+    ``"module:Class"`` string resolved when first needed. ``name_attr``: the entry's
+    attribute that holds its name; an entry whose attribute is empty gets the registered
+    name, one whose attribute differs is refused. ``field``: the config field an unknown
+    name is reported on (default: the kind).
     """
 
     def __init__(
@@ -48,13 +45,11 @@ class Registry(Generic[T]):
         base: type | str,
         *,
         name_attr: str = "name",
-        instances: bool = False,
         field: str | None = None,
     ) -> None:
         self.kind = kind
         self._base = base
         self.name_attr = name_attr
-        self.instances = instances
         self.field = field or kind
         self._entries: dict[str, Any] = {}
 
@@ -88,10 +83,7 @@ class Registry(Generic[T]):
 
     def _checked(self, name: str, obj: Any) -> Any:
         base = self.base
-        if self.instances:
-            if isinstance(obj, type) or not isinstance(obj, base):
-                raise TypeError(f"{self.kind} '{name}': {obj!r} is not a {base.__name__}")
-        elif not isinstance(obj, type):
+        if not isinstance(obj, type):
             raise TypeError(f"{self.kind} '{name}': {obj!r} is not a class")
         elif not issubclass(obj, base):
             raise TypeError(
@@ -109,8 +101,7 @@ class Registry(Generic[T]):
         target = self._entries[name]
         if isinstance(target, str):
             return target
-        cls = target if isinstance(target, type) else type(target)
-        return f"{cls.__module__}:{cls.__qualname__}"
+        return f"{target.__module__}:{target.__qualname__}"
 
     # ---- looking up --------------------------------------------------------------------
     def names(self) -> list[str]:

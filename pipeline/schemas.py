@@ -102,6 +102,29 @@ def worst_case_chars(schema: dict[str, Any]) -> int:
     raise ValueError(f"unbounded schema node: {schema}")
 
 
+# Tokens per character of a schema's longest valid answer, written compact or indented:
+# at most 0.298 on SmolLM2's and Qwen2's tokenizers (DeepSeek-R1-Distill-Qwen-7B's), over
+# every schema the stages send at the defaults (benchmarks/verdict_tokens.py). A third
+# over that leaves room for denser text; an answer cut at the bound is read up to its cut
+# or re-asked with twice the tokens (pipeline/llm.py).
+TOKENS_PER_CHAR = 0.4
+# A generated rubric item's fields when max_tokens does not size them (null, the default):
+# aspect 2 : evidence 1 : reason 1, as the token-sized ones
+RUBRIC_CHARS = (150, 75, 75)
+
+
+def answer_tokens(schema: dict[str, Any]) -> int:
+    """The max_tokens that holds the longest valid answer of ``schema`` as models write it
+    (``TOKENS_PER_CHAR``): a judge verdict's and a generated rubric's, where the config's
+    ``max_tokens`` is null (the default)."""
+    return math.ceil(worst_case_chars(schema) * TOKENS_PER_CHAR)
+
+
+def request_tokens(schema: dict[str, Any], max_tokens: int | None) -> int:
+    """A request's max_tokens: the config's, else the schema's own (:func:`answer_tokens`)."""
+    return answer_tokens(schema) if max_tokens is None else max_tokens
+
+
 def _budget(max_tokens: int) -> int:
     return int(max_tokens * FILL)
 
@@ -125,9 +148,10 @@ def _split(free_chars: int, fields: int, cap: int, floor: int, what: str, max_to
 
 
 @lru_cache(maxsize=16)
-def quality_schema(max_tokens: int, rationale_cap: int = 300) -> dict[str, Any]:
-    """Scores first (an enum of 1..5), then one rationale per dimension. Cached: one
-    object per setting, shared by every request (treat it as read-only)."""
+def quality_schema(max_tokens: int | None, rationale_cap: int = 300) -> dict[str, Any]:
+    """Scores first (an enum of 1..5), then one rationale per dimension, each of
+    ``rationale_cap`` characters (fewer where a given ``max_tokens`` cannot hold them).
+    Cached: one object per setting, shared by every request (treat it as read-only)."""
 
     def build(n: int) -> dict[str, Any]:
         props: dict[str, Any] = {d: {"type": "integer", "enum": list(SCORES)}
@@ -136,19 +160,23 @@ def quality_schema(max_tokens: int, rationale_cap: int = 300) -> dict[str, Any]:
             props[f"{d}_rationale"] = {"type": "string", "maxLength": n}
         return _closed(props)
 
+    if max_tokens is None:
+        return build(rationale_cap)
     per = _split(_budget(max_tokens) - worst_case_chars(build(0)), len(DIMENSIONS),
                  rationale_cap, MIN_RATIONALE, "quality rationale", max_tokens)  # fmt: skip
     return build(per)
 
 
 @lru_cache(maxsize=16)
-def pairwise_schema(max_tokens: int, rationale_cap: int = 300) -> dict[str, Any]:
+def pairwise_schema(max_tokens: int | None, rationale_cap: int = 300) -> dict[str, Any]:
     """The winner first (an enum), then a short rationale. Cached like quality_schema."""
 
     def build(n: int) -> dict[str, Any]:
         return _closed({"winner": {"type": "string", "enum": list(VERDICTS)},
                         "rationale": {"type": "string", "maxLength": n}})  # fmt: skip
 
+    if max_tokens is None:
+        return build(rationale_cap)
     per = _split(_budget(max_tokens) - worst_case_chars(build(0)), 1, rationale_cap,
                  MIN_RATIONALE, "pairwise rationale", max_tokens)  # fmt: skip
     return build(per)
@@ -162,7 +190,7 @@ def coverage_keys(n_items: int) -> list[str]:
 
 @lru_cache(maxsize=64)
 def coverage_schema(
-    n_items: int, max_tokens: int, rationale_cap: int = 200
+    n_items: int, max_tokens: int | None, rationale_cap: int = 200
 ) -> tuple[dict[str, Any], int]:
     """One required property per rubric point under ``scores`` (0, 1 or 2), keyed by the
     point's position (``coverage_keys``), then one rationale per point. One schema per
@@ -177,6 +205,9 @@ def coverage_schema(
         rationales = _closed({k: {"type": "string", "maxLength": n} for k in keys})
         return _closed({"scores": scores, "rationales": rationales})
 
+    if max_tokens is None:
+        schema = build(rationale_cap)
+        return schema, answer_tokens(schema)
     free = _budget(max_tokens) - worst_case_chars(build(0))
     per = min(rationale_cap, free // max(n_items, 1))
     if per < MIN_RATIONALE:
@@ -193,10 +224,11 @@ def _rubric_base() -> str:
     return (data_dir("rubrics") / "rubric.schema.json").read_text(encoding="utf-8")
 
 
-def rubric_schema(min_items: int, max_items: int, max_tokens: int) -> dict[str, Any]:
+def rubric_schema(min_items: int, max_items: int, max_tokens: int | None) -> dict[str, Any]:
     """rubrics/rubric.schema.json with the item counts and the lengths filled in: each
-    field's maxLength from max_tokens (aspect 2 : evidence 1 : reason 1). Repeated
-    aspects are the rubrics stage's to merge (no grammar engine enforces uniqueItems)."""
+    field's maxLength from max_tokens (aspect 2 : evidence 1 : reason 1), or
+    ``RUBRIC_CHARS`` when it is None. Repeated aspects are the rubrics stage's to merge (no
+    grammar engine enforces uniqueItems)."""
 
     def build(aspect: int, other: int) -> dict[str, Any]:
         schema = json.loads(_rubric_base())
@@ -208,6 +240,8 @@ def rubric_schema(min_items: int, max_items: int, max_tokens: int) -> dict[str, 
         props["reason"]["maxLength"] = other
         return schema
 
+    if max_tokens is None:
+        return build(RUBRIC_CHARS[0], RUBRIC_CHARS[1])
     free = _budget(max_tokens) - worst_case_chars(build(0, 0))
     per_item = free // max_items
     aspect = min(200, per_item // 2)

@@ -11,6 +11,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the scripts that generate docs, which tests hold the docs to
+sys.path.append(str(ROOT / "scripts"))
 
 from standin_server import StandinServer  # noqa: E402
 

@@ -314,7 +314,8 @@ def test_judge_column_checks(tmp_path):
     assert all(k in got[i] for i, k in planted.items())
     judge_flags = {f["id"] for f in flags if f["check"] in set(planted.values())}
     assert judge_flags == set(planted)  # no judge flag on the other rows
-    assert fig["checks"]["not_run"] == {}
+    # every judge check ran; cut_off did not, since these rows have no finish_reasons
+    assert fig["checks"]["not_run"] == {"cut_off": "no finish_reasons values in this source"}
     # on a 1-5 scale with a floor of 4 a gap above 1 needs a score below 4: both fire there
     assert fig["checks"]["counts"]["quality_floor"] == 6
     assert fig["checks"]["counts"]["quality_gap"] == 3
@@ -354,47 +355,51 @@ def test_users_asking_the_same_question_are_not_duplicates(tmp_path):
     assert [f["id"] for f in near] == ["u2-again"] and "u2" in near[0]["detail"]
 
 
-def test_check_row_runs_the_catalogue(monkeypatch):
-    from pipeline.audit.checks import CHECKS, Check, check_row
-    from pipeline.rules import Hit, Rules
-
-    # every per-pair check says how it runs; only the set-level ones run elsewhere
-    for c in CHECKS.values():
-        assert (c.side is not None or c.row is not None) == (c.kind != "set"), c.code
+def test_check_row_runs_every_rules_checks(monkeypatch):
+    from pipeline.audit.checks import check_row
+    from pipeline.rules import RULES, Hit, PairRule, RuleSet, audit
 
     long = " ".join(["word"] * 120) + "."
     row = {"chosen": long, "rejected": "Short and finished.", "category": "c"}
 
-    def flags_of(r):
+    def flags_of(r, rules=None):
         flags: list[dict] = []
-        check_row(flags, 0, r, Rules(), ["r0"], ["c"])
+        check_row(flags, 0, r, rules or RuleSet(), ["r0"], ["c"])
         return [(f["check"], f["side"]) for f in flags]
 
     assert flags_of(row) == [("over_cap", "chosen")]
-    # a check added to the catalogue runs, on each answer or on the row, with no other edit
-    shouts = Check(
-        "shouting", "Shouting", "text", "an answer in capitals", None,
-        side=lambda rules, r, side: Hit("shouts", "") if r.texts[side].isupper() else None,
-    )  # fmt: skip
-    pair_level = Check(
-        "same_length", "Same length", "text", "both answers as long", None,
-        row=lambda rules, r: Hit("same", "") if r.n_words("chosen") == r.n_words("rejected")
-        and len(r.texts["chosen"]) == len(r.texts["rejected"]) else None,
-    )  # fmt: skip
-    # the catalogue's entries as they are, restored after the test
-    monkeypatch.setattr(CHECKS, "_entries", dict(CHECKS._entries))
-    CHECKS.register("shouting", shouts)
-    CHECKS.register("same_length", pair_level)
+
+    # a rule registered with its checks runs them, on each answer or on the row, with no
+    # other edit
+    class Loud(PairRule):
+        @audit("shouting", "Shouting", per="answer")
+        def answer(self, a):
+            """an answer in capitals"""
+            return Hit("shouts", "") if a.text.isupper() else None
+
+        @audit("same_length", "Same length")
+        def same(self, r):
+            """both answers as long"""
+            n = r.n_words("chosen") == r.n_words("rejected")
+            return (
+                Hit("same", "")
+                if n and len(r.texts["chosen"]) == len(r.texts["rejected"])
+                else None
+            )
+
+    # the registry's entries as they are, restored after the test
+    monkeypatch.setattr(RULES, "_entries", dict(RULES._entries))
+    RULES.register("loud", Loud)
     loud = {"chosen": "STOP NOW.", "rejected": "STOP NOW.", "category": "c"}
     assert sorted(flags_of(loud)) == [
         ("identical", None), ("same_length", None),
         ("shouting", "chosen"), ("shouting", "rejected"),
     ]  # fmt: skip
-    # an answer with no visible text gets its `empty` flag and none of its own other checks,
-    # and the checks on both answers' text do not run
+    # an answer with no visible text gets its `empty` flag and none of its own other
+    # checks, and the checks on both answers' text do not run
     assert sorted(flags_of({**loud, "rejected": "  "})) == [
         ("empty", "rejected"), ("shouting", "chosen"),
     ]  # fmt: skip
-    # and a check taken out of the catalogue no longer runs
-    CHECKS.unregister("over_cap")
+    # and a rule taken out of the registry no longer runs
+    RULES.unregister("length")
     assert flags_of(row) == []

@@ -214,10 +214,46 @@ def test_gate_on_a_check_that_did_not_run(tmp_path, capsys):
     src = write_jsonl(tmp_path / "p.jsonl", crafted(300, biased=False, seed=1))
     code, _, err = _run_cli(tmp_path, src, capsys, "quality_floor")
     assert code == 3
-    assert "quality_floor did not run (no judge column quality_chosen in this source)" in err
+    assert (
+        "quality_floor did not run (no quality_chosen or quality_rejected values in this source)"
+        in err
+    )
     # `any` gates on what the audit decided: the checks that ran, and the probe
     code, _, err = _run_cli(tmp_path, src, capsys, "any")
     assert code == 0 and err == ""
+
+
+def test_judge_columns_of_nulls_did_not_run(tmp_path, capsys):
+    """A release made with the judge off has the judge columns, every value null (the
+    reference's construction): its judge checks did not run, in the headline, the JSON and
+    the gate (issue 52, case 10)."""
+    rows = crafted(60, biased=False, seed=3)
+    nulls = dict.fromkeys(("correctness", "relevance", "helpfulness"))
+    for r in rows:
+        r.update(
+            quality_chosen=dict(nulls),
+            quality_rejected=dict(nulls),
+            coverage_chosen_mean=None,
+            coverage_rejected_mean=None,
+            pairwise_aware={"AB": None, "BA": None},
+            pairwise_blind={"AB": None, "BA": None},
+            finish_reasons={"chosen": "stop", "rejected": "stop"},
+        )
+    src = write_jsonl(tmp_path / "p.jsonl", rows)
+    code, _, err = _run_cli(tmp_path, src, capsys, "quality_floor,blind_leak")
+    fig, _ = _saved(tmp_path)
+    judge = {"quality_floor", "quality_gap", "coverage", "blind_leak", "aware_disagrees"}
+    assert set(fig["checks"]["not_run"]) == judge
+    assert not judge & set(fig["checks"]["ran"]) and len(fig["checks"]["ran"]) == 11
+    assert "11 of 16 checks ran" in fig["verdict"]["headline"]
+    assert code == 3
+    assert "quality_floor did not run" in err and "blind_leak did not run" in err
+    # a row that has a verdict makes its check run
+    rows[0]["pairwise_blind"] = {"AB": "chosen", "BA": "tie"}
+    src = write_jsonl(tmp_path / "p.jsonl", rows)
+    code, _, err = _run_cli(tmp_path, src, capsys, "blind_leak")
+    fig, _ = _saved(tmp_path)
+    assert "blind_leak" in fig["checks"]["ran"] and code == 0
 
 
 # ---- charts ---------------------------------------------------------------------------------

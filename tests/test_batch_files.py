@@ -165,8 +165,10 @@ def _content(row: Any) -> Any:
 def test_the_cluster_loop_gives_the_rows_of_a_plain_run(tmp_path, server, capsys):
     """Export / run_batch / import, round after round, then `prb run`: the same requests
     reach the model as in a plain run against the stand-in with the same settings, and the
-    rows are the same in every field but those that name what served them (SERVED)."""
-    plain = write_config(_dir(tmp_path / "plain"), server, **GENERATED)
+    rows are the same in every field but those that name what served them (SERVED). (The
+    batchfile backend answers in rounds, so its judge asks every combination's pairwise
+    verdicts in one round, judge.stop: all; the plain run is given the same setting.)"""
+    plain = write_config(_dir(tmp_path / "plain"), server, judge={"stop": "all"}, **GENERATED)
     assert main(["run", str(plain), "--no-progress"]) == 0
     plain_bodies = Counter(json.dumps(r["body"], sort_keys=True) for r in server.requests)
     server.reset()

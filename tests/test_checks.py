@@ -19,14 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import PairsSection
-from pipeline.rules import (
-    DEFAULT_META_PATTERNS,
-    DEFAULT_REFUSAL_PATTERNS,
-    PatternSet,
-    Rules,
-    ends_mid_sentence,
-)
+from pipeline.config import pairs_section
+from pipeline.fields import words
+from pipeline.rules import Answer, Hit, RowView, RuleSet, ends_mid_sentence
+from pipeline.rules.patterns import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
+from pipeline.rules.regexgate import PatternSet
 
 META_DEV = [
     "As you requested, here are three ways to practise on the train.",
@@ -355,30 +352,35 @@ META_ALL = META_DEV + META_ROUND_2 + META_ROUND_3 + META_HELD_OUT_1 + META_HELD_
 
 
 @pytest.fixture(scope="module")
-def rules() -> Rules:
-    return Rules.from_config(PairsSection(), 100)
+def rules() -> RuleSet:
+    return RuleSet(pairs_section(), 100)
+
+
+def on(rules: RuleSet, name: str, text: str, aspects=(), tokens=None) -> Hit | None:
+    """The rule ``name``'s test of one answer."""
+    return rules.rules[name].answer(Answer(text, aspects=aspects, given_tokens=tokens)) or None
 
 
 def test_config_defaults_are_the_rules_defaults(rules):
-    assert list(PairsSection().meta_patterns) == list(DEFAULT_META_PATTERNS)
-    assert list(rules.meta_patterns) == list(DEFAULT_META_PATTERNS)
+    assert list(pairs_section().meta_patterns) == list(DEFAULT_META_PATTERNS)
+    assert list(rules.rules["meta_text"].meta_patterns) == list(DEFAULT_META_PATTERNS)
     assert len(META_ALL) == 129 and len(ORDINARY) == 171
 
 
 @pytest.mark.parametrize("text", META_ALL)
 def test_meta_text_phrasings_are_caught(rules, text):
-    hit = rules.meta_text(text)
+    hit = on(rules, "meta_text", text)
     assert hit is not None, text
     assert "talks about its brief" in hit.detail and hit.excerpt
 
 
 def test_ordinary_advice_is_not_meta_text(rules):
-    false = [(t, rules.meta_text(t).detail) for t in ORDINARY if rules.meta_text(t)]
+    false = [(t, hit.detail) for t in ORDINARY if (hit := on(rules, "meta_text", t))]
     assert false == []
 
 
 def test_known_misses_stay_documented(rules):
-    assert all(rules.meta_text(t) is None for t in KNOWN_MISSES)
+    assert all(on(rules, "meta_text", t) is None for t in KNOWN_MISSES)
 
 
 @pytest.mark.parametrize(
@@ -393,7 +395,7 @@ def test_known_misses_stay_documented(rules):
     ],
 )
 def test_refusals_are_caught(rules, text):
-    assert rules.refusal(text) is not None
+    assert on(rules, "refusal", text) is not None
 
 
 @pytest.mark.parametrize(
@@ -407,7 +409,7 @@ def test_refusals_are_caught(rules, text):
     ],
 )
 def test_empathy_and_idioms_are_not_refusals(rules, text):
-    assert rules.refusal(text) is None
+    assert on(rules, "refusal", text) is None
 
 
 @pytest.mark.parametrize(
@@ -459,10 +461,12 @@ ASPECT = "Suggests short practice sessions that fit a train commute"
     ],
 )
 def test_rubric_echo_is_caught(rules, answer):
-    hit = rules.rubric_echo(answer, [ASPECT])
+    hit = on(rules, "rubric_echo", answer, [ASPECT])
     assert hit is not None and "copies the rubric aspect" in hit.detail
-    # the gate on words gives the same answer as the full fuzzy match
-    assert rules.rubric_echo(answer, [ASPECT], set(re.findall(r"[\w']+", answer.lower())))
+    # the gate on words gives the same answer as the full fuzzy match (all of the
+    # aspect's words given as the answer's: the gate passes every aspect)
+    every = frozenset(words(answer)) | frozenset(words(ASPECT))
+    assert on(rules, "rubric_echo", answer, [ASPECT], every) == hit
 
 
 @pytest.mark.parametrize(
@@ -477,39 +481,51 @@ def test_rubric_echo_is_caught(rules, answer):
     ],
 )
 def test_rubric_echo_leaves_paraphrase_alone(rules, answer, aspects):
-    assert rules.rubric_echo(answer, aspects) is None
+    assert on(rules, "rubric_echo", answer, aspects) is None
 
 
 def test_over_cap_uses_the_one_word_rule_and_slack(rules):
-    assert rules.cap == pytest.approx(110)
-    assert rules.over_cap("word " * 110) is None
-    hit = rules.over_cap("word " * 111)
+    assert rules.rules["length"].cap == pytest.approx(110)
+    assert on(rules, "length", "word " * 110) is None
+    hit = on(rules, "length", "word " * 111)
     assert hit is not None and "111 words" in hit.detail and "110" in hit.detail
     # "don't" is one word and "well-known" two, as everywhere else
-    assert rules.over_cap("don't " * 111) is not None
-    assert Rules(word_cap=50).over_cap("well-known " * 30) is not None
+    assert on(rules, "length", "don't " * 111) is not None
+    assert on(RuleSet(word_cap=50), "length", "well-known " * 30) is not None
 
 
 def test_identical_and_near_identical(rules):
+    sim = rules.rules["similarity"]
+
+    def identical(a, b):
+        return sim.identical(RowView({"chosen": a, "rejected": b}))
+
     a = "Start with ten minute gesture sessions on your commute and trace your hand photos."
-    assert rules.identical(a, "  " + a.upper() + " ") is not None
+    assert identical(a, "  " + a.upper() + " ") is not None
     b = a.replace("ten", "fifteen")
-    assert rules.identical(a, b) is None and rules.near_identical(a, b) is not None
-    assert rules.near_identical(a, "Take an anatomy course and study the bones.") is None
+    assert identical(a, b) is None and sim.near(a, b) is not None
+    assert sim.near(a, "Take an anatomy course and study the bones.") is None
 
 
 def test_judge_rules(rules):
     good = {"correctness": 5, "relevance": 4, "helpfulness": 4}
-    assert rules.below_floor(good, good) is None
-    hit = rules.below_floor(good, {**good, "relevance": 2})
+    floor, gap = rules.rules["quality_floor"], rules.rules["quality_gap"]
+    assert floor.below(good, good) is None
+    hit = floor.below(good, {**good, "relevance": 2})
     assert hit is not None and "relevance 2" in hit.detail
-    assert rules.quality_gap(good, {**good, "correctness": 3}) is not None
-    assert rules.quality_gap(good, {**good, "correctness": 4}) is None
-    assert rules.coverage_means(1.5, 0.0) is not None and rules.coverage_means(2.0, 0.5)
-    assert rules.coverage_means(2.0, 0.0) is None
-    assert rules.blind_leak({"AB": "chosen", "BA": "chosen"}) is not None
-    assert rules.blind_leak({"AB": "chosen", "BA": "tie"}) is None
-    assert rules.aware_disagrees({"AB": "chosen", "BA": "rejected"}) is not None
+    assert gap.gap(good, {**good, "correctness": 3}) is not None
+    assert gap.gap(good, {**good, "correctness": 4}) is None
+
+    def means(chosen, rejected):
+        row = {"chosen": "a", "rejected": "b", "coverage_chosen_mean": chosen}
+        return rules.rules["coverage"].means(RowView(row | {"coverage_rejected_mean": rejected}))
+
+    assert means(1.5, 0.0) and means(2.0, 0.5)
+    assert means(2.0, 0.0) is None
+    pairwise = rules.rules["pairwise_consistency"]
+    assert pairwise.leaks({"AB": "chosen", "BA": "chosen"}) is not None
+    assert pairwise.leaks({"AB": "chosen", "BA": "tie"}) is None
+    assert pairwise.disagrees({"AB": "chosen", "BA": "rejected"}) is not None
 
 
 # ---- the gate must never change a result ---------------------------------------------------

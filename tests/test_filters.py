@@ -6,9 +6,8 @@ import copy
 
 import pytest
 
-from pipeline.config import PairsSection
-from pipeline.filters import FILTERS, PairView, word_similarity
-from pipeline.rules import Rules
+from pipeline.config import pairs_section
+from pipeline.rules import RULES, PairView, RuleSet, word_similarity
 
 ITEMS = [{"item_id": "a1", "aspect": "x"}, {"item_id": "a2", "aspect": "y"}]
 CHOSEN_TEXT = (
@@ -54,8 +53,7 @@ def good_pair() -> PairView:
 
 
 def run(name: str, pair: PairView, **cfg):
-    f = FILTERS.get(name)(Rules.from_config(PairsSection(**cfg), 100))
-    return f.check(pair)
+    return RuleSet(pairs_section(**cfg), 100).rules[name].check(pair)
 
 
 def mutate(fn) -> PairView:
@@ -104,7 +102,7 @@ def test_filter_keeps_good_and_drops_bad(name):
 
 
 def test_every_pair_filter_has_a_case():
-    pair_level = {n for n in FILTERS.names() if not FILTERS.get(n).set_level}
+    pair_level = {n for n, r in RULES.items() if r.position is not None and not r.set_level}
     assert pair_level == set(CASES)
 
 
@@ -165,7 +163,7 @@ def test_near_duplicate_set_filter():
     """Within one user: a repeated question and an answer reused across questions drop the
     later example. (Until the rule learnt about users these rows carried no user_id and
     the whole set counted as one user; they now say so explicitly.)"""
-    f = FILTERS.get("near_duplicate")(Rules.from_config(PairsSection(), 100))
+    f = RuleSet().rules["near_duplicate"]
     base = "how do i keep my sourdough starter alive while travelling for two weeks"
     rows = [
         {
@@ -235,7 +233,7 @@ def _users_asking_the_same_question() -> list[dict]:
 
 
 def test_near_duplicate_keeps_distinct_users_asking_the_same_question():
-    f = FILTERS.get("near_duplicate")(Rules.from_config(PairsSection(), 100))
+    f = RuleSet().rules["near_duplicate"]
     rows = _users_asking_the_same_question()
     assert f.apply(rows) == {}
     # old callers without profiles: distinct user ids alone keep them apart too
@@ -246,7 +244,7 @@ def test_near_duplicate_keeps_distinct_users_asking_the_same_question():
 
 
 def test_near_duplicate_drops_the_same_user_asking_twice():
-    f = FILTERS.get("near_duplicate")(Rules.from_config(PairsSection(), 100))
+    f = RuleSet().rules["near_duplicate"]
     rows = _users_asking_the_same_question()
     again = {**rows[2], "example_id": "e9", "chosen": "Another personal answer for user 2."}
     drops = f.apply([*rows, again])
@@ -259,7 +257,7 @@ def test_near_duplicate_drops_the_same_user_asking_twice():
 def test_near_duplicate_same_pair_for_two_users_is_a_duplicate():
     """One shared answer across users is kept (above); both answers repeated with the
     same winner for another user tests the same thing twice."""
-    f = FILTERS.get("near_duplicate")(Rules.from_config(PairsSection(), 100))
+    f = RuleSet().rules["near_duplicate"]
     rows = _users_asking_the_same_question()
     copy_pair = {**rows[1], "example_id": "e7", "user_id": "u7", "profile": "Someone else."}
     drops = f.apply([*rows, copy_pair])
@@ -296,20 +294,21 @@ def test_the_pair_stage_hands_its_filters_the_runs_word_cap(tmp_path):
     assert default_length.check(long_pair) == (True, None)
 
 
-def test_the_pair_stage_builds_one_rules_for_all_its_filters(tmp_path, monkeypatch):
+def test_the_pair_stage_builds_its_rules_once(tmp_path, monkeypatch):
     built = []
-    original = Rules.__post_init__
+    original = RuleSet.__init__
 
-    def counting(self):
+    def counting(self, *args, **kw):
         built.append(self)
-        original(self)
+        original(self, *args, **kw)
 
-    monkeypatch.setattr(Rules, "__post_init__", counting)
+    monkeypatch.setattr(RuleSet, "__init__", counting)
     filters = _pair_stage_filters(
         tmp_path, pairs={"similarity_max": 80.0}, responses={"word_cap": 120}
     )
-    assert len(filters) == len(PairsSection().filters) > 1
+    assert len(filters) == len(pairs_section().filters) > 1
     assert len(built) == 1
     (rules,) = built
-    assert all(f.rules is rules for f in filters)
-    assert (rules.word_cap, rules.similarity_max) == (120, 80.0)
+    assert all(rules.rules[f.name] is f for f in filters)
+    assert {f.word_cap for f in filters} == {120}
+    assert rules.rules["similarity"].similarity_max == 80.0

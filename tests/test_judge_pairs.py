@@ -22,6 +22,8 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errors import StageError
 from pipeline.orchestrate import run_pipeline
+from pipeline.rules import Answer as Text
+from pipeline.rules import RuleSet
 from pipeline.run import RunDir
 
 WORDS = (
@@ -86,17 +88,30 @@ def test_judge_and_pairs_funnel(tmp_path, smart_server, capsys):
 
     judged = list(rd.stage("judge").rows())
     assert len(judged) == 12
+    skipped = 0
     for j in judged:
         assert len(j["quality"]) == 8  # n=2 chosen + n=2 for each of 3 strategies
-        assert all(v["parse_ok"] and v["rationale"] for v in j["quality"].values())
+        # a candidate a text rule drops gets no verdict: here the chosen answers that talk
+        # about the rubric (meta_text, which runs before every verdict-reading filter)
+        asked = [v for v in j["quality"].values() if not v.get("skipped")]
+        skipped += sum(v.get("skipped") == "meta_text" for v in j["quality"].values())
+        assert all(v["parse_ok"] and v["rationale"] for v in asked)
         # how each verdict was read: whole, nothing shortened (the responder writes short)
-        assert all(v["cut"] is False and v["clipped"] == [] for v in j["quality"].values())
+        assert all(v["cut"] is False and v["clipped"] == [] for v in asked)
         assert len(j["pairwise"]) == 4  # judge.max_pairs_per_example
         for p in j["pairwise"]:
-            for kind in ("pairwise_aware", "pairwise_blind"):
+            # asked in steps, the rubric-aware verdicts first, both orders each; none for a
+            # combination a pointwise filter drops, or once one has passed (outranked)
+            kinds = [k for k in ("pairwise_aware", "pairwise_blind") if k in p]
+            assert kinds in ([], ["pairwise_aware"], ["pairwise_aware", "pairwise_blind"])
+            for kind in kinds:
                 assert set(p[kind]) == {"AB", "BA"}
-            assert p["pairwise_aware"]["AB"]["prefers"] == "chosen"
-            assert p["pairwise_aware"]["BA"]["prefers"] == "chosen"
+            if p.get("not_asked") == "outranked":
+                assert kinds == []
+    assert skipped == 2 * sum(
+        META_QUESTION in r["question"].lower() for r in rd.stage("ingest").rows()
+    )
+    assert stats["judge"]["candidates_skipped"] == {"meta_text": skipped}
 
     s = stats["pairs"]
     kept, rejects = list(rd.stage("pairs").rows()), list(rd.stage("pairs").rejects())
@@ -131,15 +146,31 @@ def test_judge_and_pairs_funnel(tmp_path, smart_server, capsys):
     assert main(["inspect", str(rd.path), "--reason", "nonsense"]) == 1
 
 
-def test_pair_thresholds_rerun_without_requests(tmp_path, smart_server):
+def test_new_pair_thresholds_re_judge_from_the_cache(tmp_path, smart_server):
+    """The judge asks only what the pair rules can still use, so new thresholds re-do it
+    too, from the cache: nothing answered before is sent again, and the run keeps what a
+    fresh run with those thresholds keeps."""
     cfg_path = write_config(tmp_path, smart_server)
     run_pipeline(load_config(cfg_path), progress=False)
     sent = smart_server.request_count
     stats = run_pipeline(load_config(cfg_path, ["pairs.quality_floor=5"]), progress=False)
-    assert smart_server.request_count == sent  # new thresholds: no LLM request at all
-    assert set(stats) == {"pairs"}
+    assert set(stats) == {"judge", "pairs"}
+    assert stats["judge"]["llm"]["sent"] == smart_server.request_count - sent
     assert stats["pairs"]["kept"] == 0
     assert stats["pairs"]["dropped_by_reason"]["quality_floor"] > 0
+    # a stricter floor drops pairs on their pointwise verdicts: no pairwise verdict needed
+    assert smart_server.request_count == sent
+    # relaxed again: the verdicts the first run asked are all in the cache
+    stats = run_pipeline(load_config(cfg_path, ["pairs.similarity_max=99"]), progress=False)
+    (tmp_path / "fresh").mkdir()
+    fresh = write_config(tmp_path / "fresh", smart_server, pairs={"similarity_max": 99})
+    before = smart_server.request_count
+    again = run_pipeline(load_config(fresh), progress=False)
+    assert stats["judge"]["llm"]["sent"] <= again["judge"]["llm"]["sent"]
+    kept = {r["pair_id"] for r in RunDir(tmp_path / "outputs" / "t").stage("pairs").rows()}
+    fresh_kept = RunDir(tmp_path / "fresh" / "outputs" / "t").stage("pairs").rows()
+    assert kept == {r["pair_id"] for r in fresh_kept}
+    assert smart_server.request_count > before
 
 
 def test_judge_unparsable_answers_stay_failures_until_final(tmp_path):
@@ -163,22 +194,26 @@ def test_judge_unparsable_answers_stay_failures_until_final(tmp_path):
             run_pipeline(load_config(cfg_path), progress=False)
         rd = RunDir(tmp_path / "outputs" / "t")
         assert not rd.stage("judge").done and not list(rd.stage("judge").rows())
+        # the chosen answers that talk about the rubric are never judged (meta_text)
+        meta = RuleSet().rules["meta_text"]
+        asked = sum(not meta.answer(Text(c["text"])) for c in rd.stage("responses").rows())
+        assert asked == 24 - 2
         with RequestCache(rd.cache_path, readonly=True) as cache:
             errors = cache.errors("judge")
-            assert len(errors) == 24  # 12 examples x (chosen + rejected) coverage requests
+            assert len(errors) == asked  # one coverage request per candidate judged
             assert all(e["reason"].startswith("invalid_json") for e in errors)
             # the invalid answers were never stored as answers
-            assert cache.count("judge") == 12 * 2  # the quality verdicts only
+            assert cache.count("judge") == asked  # the quality verdicts only
         sent = srv.request_count
         stats = run_pipeline(load_config(cfg_path), progress=False)
-        # the coverage requests and their re-asks were sent again (24 x 2), and the pairwise
-        # verdicts the pending examples never reached (12 pairs x 4); the quality verdicts
+        # the coverage requests and their re-asks were sent again; no pairwise verdict,
+        # since judge_parse drops each pair on its unparsed coverage; the quality verdicts
         # came from the cache
-        assert srv.request_count - sent == 24 * 2 + 12 * 4
+        assert srv.request_count - sent == asked * 2
     assert stats["pairs"]["dropped_by_reason"]["judge_parse"] == 12
     judged = list(rd.stage("judge").rows())
-    cov = [v for j in judged for v in j["coverage"].values()]
-    assert len(cov) == 24 and all(not v["parse_ok"] and "scores" in v["error"] for v in cov)
+    cov = [v for j in judged for v in j["coverage"].values() if not v.get("skipped")]
+    assert len(cov) == asked and all(not v["parse_ok"] and "scores" in v["error"] for v in cov)
     assert Counter(r["reason"] for r in rd.stage("pairs").rejects()) == {"judge_parse": 12}
 
 

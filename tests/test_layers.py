@@ -21,10 +21,10 @@ PKG = Path(__file__).resolve().parent.parent / "pipeline"
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["pipeline", "errors", "ids", "io", "fields", "redact", "registry",
                     "resources", "cliargs", "progress", "section", "sourcehash", "modelfiles"]),
-    # types, the rules and the kinds that live with them (input formats, pair filters), the
+    # types, the rules and the kinds that live with them (input formats, pair rules), the
     # release row's table
     ("types and rules", ["chat", "records", "rules", "schemas", "prompts", "promptfiles",
-                         "profile", "dedup", "filters", "inputs", "release"]),
+                         "profile", "dedup", "inputs", "release"]),
     # what each engine kind is (a backend, a dialect, a stage) and the registries naming them
     ("kinds", ["kinds"]),
     ("config", ["config"]),
@@ -177,7 +177,7 @@ def test_every_folder_is_in_one_layer():
     "low, high",
     [
         ("pipeline.config", "pipeline.audit.checks"),  # the rules' defaults live below config
-        ("pipeline.filters", "pipeline.audit.checks"),  # the filters use pipeline.rules
+        ("pipeline.rules", "pipeline.audit.checks"),  # the audit runs the rules' checks
         ("pipeline.cache", "pipeline.kinds.backend"),  # both use pipeline.chat
         ("pipeline.errors", "pipeline.config"),  # presentation is in pipeline.errorline
         # the base class knew one file format; the openai backend counts a .gguf model

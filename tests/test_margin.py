@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from pipeline.filters import PairView
+from pipeline.rules import PairView
 from pipeline.rules.verdicts import (
     a_side,
     direction,
@@ -14,7 +14,6 @@ from pipeline.rules.verdicts import (
     prefers,
     shown_side,
 )
-from pipeline.stages.pairs import margin as pair_margin
 from pipeline.stages.pairs import pick
 
 COV_C = {"a": 2, "b": 2, "c": 1}  # mean 5/3
@@ -58,11 +57,11 @@ def _view(blind: dict[str, str]) -> PairView:
 
 
 def test_the_pair_stage_ranks_by_the_same_margin_rounded():
-    m = pair_margin(_view({"AB": "tie", "BA": "tie"}))
+    m = _view({"AB": "tie", "BA": "tie"}).margin()
     assert m == round(5 / 3 - 1 / 2 + 0.5 - 0.5, 4) == 1.1667
     bad = _view({"AB": "tie", "BA": "tie"})
     bad.quality_rejected = None
-    assert pair_margin(bad) == float("-inf")
+    assert bad.margin() == float("-inf")
 
 
 def test_pick_takes_the_best_margin_then_the_smaller_pair_id():

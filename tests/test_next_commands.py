@@ -76,8 +76,9 @@ def test_a_budget_stop_proposes_a_limit_that_finishes_the_run(
     assert shown == pytest.approx(need, abs=0.01)  # the plan's figure, not a guess
     if limit == "requests":
         spent = planned["totals"]["budget_to_finish"]["spent_requests"]
-        assert need == spent + planned["totals"]["requests_to_send"]  # 444 in all here
-        assert need == 60 + 384
+        assert need == spent + planned["totals"]["requests_to_send"]
+        # at most every request (the judge's largest): 444 in all here
+        assert spent < need <= 60 + 384
     assert f"raise run.budget.{limit} to {raised.split('=', 1)[1]}" in err
 
     assert _run_suggestion(resume) == 0  # one go: it does not stop again

@@ -33,7 +33,11 @@ def test_plan_only_a_stage_of_a_run_that_has_begun(tmp_path, server, capsys):
     assert set(out["before_the_run"]) <= {s["stage"] for s in out["stages"]}
     judge = next(s for s in out["stages"] if s["stage"] == "judge")
     assert judge["action"] == "skip"
-    assert out["before_the_run"]["judge"]["requests"] == judge["total"]["requests"]
+    # the finished stage holds the requests it sent: part of the largest it could send
+    before = out["before_the_run"]["judge"]
+    assert judge["total"]["requests"] <= before["requests"]
+    off = abs(before["requests_expected"] - judge["total"]["requests"])
+    assert off <= 0.25 * before["requests"]
 
 
 def test_plan_refuses_a_folder_run_would_refuse(tmp_path, server, capsys):

@@ -37,7 +37,7 @@ def _run(cfg, capsys) -> str:
     return capsys.readouterr().err
 
 
-OVER_CAP = "        if n > self.cap:\n            return Hit(\n"
+OVER_CAP = "        if n > self.cap:\n            slack = "
 
 
 def test_every_stage_names_its_own_module_and_modules_that_exist():
@@ -89,25 +89,27 @@ def test_a_change_to_a_rule_re_does_the_pair_stage_naming_the_module(
     before = pairs.read_bytes()
     sent = server.request_count
 
-    # a comment and a docstring in Rules.over_cap, and a reformatted line: nothing re-done
+    # a comment and a docstring in the length rule, and a reformatted line: nothing re-done
     _edit(
         monkeypatch,
-        "pipeline.rules.pair",
+        "pipeline.rules.catalogue",
         OVER_CAP,
         '        """Over the cap, slack included."""\n'
         "        # the slack keeps a near miss\n"
         "        if (\n            n > self.cap\n        ):\n"
-        "            return Hit(\n",
+        "            slack = ",
     )
     err = _run(cfg, capsys)
     assert [f"[{n}] done, nothing to do" in err for n in ORDER] == [True] * len(ORDER)
     assert pairs.read_bytes() == before
 
-    # the rule itself: the pair stage is re-done, and only it
-    _edit(monkeypatch, "pipeline.rules.pair", OVER_CAP, OVER_CAP.replace(">", ">="))
+    # the rule itself: the pair stage is re-done, and the judge, which asks only what the
+    # rules can still use, from its cache; nothing before them
+    _edit(monkeypatch, "pipeline.rules.catalogue", OVER_CAP, OVER_CAP.replace(">", ">="))
     err = _run(cfg, capsys)
-    assert "[pairs] re-doing: the code of pipeline.rules.pair changed" in err
-    for name in ORDER[:-1]:
+    assert "[judge] re-doing: the code of pipeline.rules.catalogue changed" in err
+    assert "[pairs] re-doing: the code of pipeline.rules.catalogue changed" in err
+    for name in ORDER[:-2]:
         assert f"[{name}] done, nothing to do" in err
     assert server.request_count == sent
     assert pairs.read_bytes() != before
@@ -121,6 +123,7 @@ def test_an_llm_stage_re_done_for_its_code_is_answered_from_the_cache(
     judge = tmp_path / "outputs" / "t" / "judge"
     rows_before = (judge / "data-00000.jsonl").read_bytes()
     sent = server.request_count
+    asked = json.loads((judge / "stats.json").read_text())["llm"]["requests"]
 
     same_rows = "        ids = list(ex.cands) and [c["  # another way to write the same
     _edit(monkeypatch, "pipeline.stages.judge", "        ids = [c[", same_rows)
@@ -130,7 +133,7 @@ def test_an_llm_stage_re_done_for_its_code_is_answered_from_the_cache(
     assert "[responses] done, nothing to do" in err
     # every request came from the cache (the memo of finished rows keys on the code too)
     assert server.request_count == sent
-    assert "sent 0, cached 384, failed 0" in err
+    assert f"sent 0, cached {asked}, failed 0" in err
     assert (judge / "data-00000.jsonl").read_bytes() == rows_before
     # the judge's memo of finished rows holds its code in the key: the rows were rebuilt
     # from the cached answers, not taken whole from memos made by the old code
@@ -147,11 +150,11 @@ def test_the_message_of_a_stage_finished_before_its_code_was_recorded():
     from pipeline.orchestrate import explain_change
 
     old = {"pairs": {"quality_floor": 4}, "upstream": {"judge": "a"}}
-    new = {**old, "code": {"pipeline.filters": "1", "pipeline.rules.pair": "2"}}
+    new = {**old, "code": {"pipeline.rules.base": "1", "pipeline.rules.pair": "2"}}
     assert explain_change(old, new) == "finished by a version that did not record its code"
-    newer = {**new, "code": {"pipeline.filters": "1", "pipeline.rules.pair": "3"}}
+    newer = {**new, "code": {"pipeline.rules.base": "1", "pipeline.rules.pair": "3"}}
     assert explain_change(new, newer) == "the code of pipeline.rules.pair changed"
-    moved = {**new, "code": {"pipeline.filters": "1", "pipeline.rules.other": "2"}}
+    moved = {**new, "code": {"pipeline.rules.base": "1", "pipeline.rules.other": "2"}}
     assert explain_change(new, moved) == (
         "its code now includes pipeline.rules.other; its code no longer includes "
         "pipeline.rules.pair"
@@ -183,10 +186,9 @@ def test_a_stages_code_is_derived_from_what_it_imports():
     assert "pipeline.promptfiles" in code["responses"]
     # the registry's lazy entries ("module:Class") of the formats ingest reads with
     assert {"pipeline.inputs.jsonl", "pipeline.inputs.tables"} <= set(code["ingest"])
-    # followed through: filters import the rules, which import their parts
-    assert {"pipeline.filters", "pipeline.rules.pair", "pipeline.rules.regexgate"} <= set(
-        code["pairs"]
-    )
+    # followed through: the rules and the parts they import
+    rules = {"pipeline.rules.base", "pipeline.rules.catalogue", "pipeline.rules.regexgate"}
+    assert rules <= set(code["pairs"])
     for name, modules in code.items():
         assert modules[0] == STAGES.get(name).__module__
         for m in modules[1:]:

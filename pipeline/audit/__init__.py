@@ -6,12 +6,12 @@ it has none), or any file in the reference schema (JSONL, JSON, parquet, a ``dat
 ``audit.json`` (every figure) and ``flags.jsonl`` (one line per pair and check that
 fires). See ``docs/audit.md``.
 
-Modules: ``load`` (sources, type checks), ``checks`` (the per-pair rules, shared with the
-pair filters), ``figures`` (length, similarity, judge figures, per category), ``probe``
+Modules: ``load`` (sources, type checks), ``checks`` (the pass of the rules' audit checks
+over a set), ``figures`` (length, similarity, judge figures, per category), ``probe``
 (the shortcut probe), ``report`` (HTML, files, comparison), ``run`` (:func:`audit`).
 
 Names are imported on first use. The rules the checks apply live below this package, in
-``pipeline/rules/``, shared with the pair filters.
+``pipeline/rules/``: one class per rule, shared with the pair stage.
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ _EXPORTS = {
     "PROBE_FLAG_AUC": "probe",
     "PROBE_MIN_PAIRS": "probe",
     "_auc": "probe",
-    "CHECKS": "checks",
-    "run_checks": "checks",
 }
 
 __all__ = sorted(k for k in _EXPORTS if not k.startswith("_"))

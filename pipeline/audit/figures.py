@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.audit.checks import CHECKS, PROBE_GATE, categories, check_row, check_set
+from pipeline.audit.checks import PROBE_GATE, categories, check_row, check_set
 from pipeline.audit.load import check_types
 from pipeline.audit.probe import (
     asymmetries,
@@ -22,7 +22,7 @@ from pipeline.audit.probe import (
 )
 from pipeline.errors import InputError
 from pipeline.fields import DIMENSIONS, ORDERS, row_id, words_and_count
-from pipeline.rules import Rules, token_similarity
+from pipeline.rules import RuleSet, audit_checks, token_similarity
 from pipeline.rules.verdicts import a_side, shown_side
 from pipeline.run.layout import RELEASE_SUMMARY
 
@@ -239,26 +239,21 @@ def _agreement_figures(rows: Sequence[dict[str, Any]], path: Path) -> dict[str, 
 
 
 def _checks_figures(
-    rows: Sequence[dict[str, Any]], flags: Sequence[dict[str, Any]], rules: Rules
+    rows: Sequence[dict[str, Any]],
+    flags: Sequence[dict[str, Any]],
+    rules: RuleSet,
+    applied: set[str],
 ) -> dict[str, Any]:
+    """``applied``: the checks that read at least one row (the others found none of the
+    columns they read, so they did not run)."""
     n = len(rows)
-    ran = [c.code for c in CHECKS.values() if c.kind in ("text", "set")]
-    not_run: dict[str, str] = {}
-    if not any(r.get("rubric_aspects") for r in rows):
-        ran.remove("rubric_echo")
-        not_run["rubric_echo"] = "no rubric_aspects in this source"
-    judge_cols = {
-        "quality_floor": ("quality_chosen",),
-        "quality_gap": ("quality_chosen",),
-        "coverage": ("coverage_chosen_mean", "coverage_rejected_mean"),
-        "blind_leak": ("pairwise_blind",),
-        "aware_disagrees": ("pairwise_aware",),
+    catalogue = audit_checks()
+    ran = [code for code in catalogue if code in applied]
+    not_run = {
+        code: f"no {' or '.join(c.needs) or 'rows'} values in this source"
+        for code, c in catalogue.items()
+        if code not in applied
     }
-    for code, cols in judge_cols.items():
-        if any(r.get(c) is not None for r in rows for c in cols):
-            ran.append(code)
-        else:
-            not_run[code] = f"no judge column {cols[0]} in this source"
     rows_by_check: dict[str, set[int]] = {code: set() for code in ran}
     by_cat: dict[str, Counter] = {}
     for f in flags:
@@ -267,9 +262,9 @@ def _checks_figures(
         for i in idx:
             by_cat.setdefault(category_label(rows[i].get("category")), Counter())[code] += 1
     flagged = {f["row"] for f in flags}
-    counts = {code: len(rows_by_check[code]) for code in CHECKS if code in rows_by_check}
+    counts = {code: len(rows_by_check[code]) for code in catalogue if code in rows_by_check}
     return {
-        "ran": [c for c in CHECKS if c in ran],
+        "ran": ran,
         "not_run": not_run,
         "counts": counts,
         "per_100": {k: round(100 * v / n, 2) for k, v in counts.items()} if n else {},
@@ -398,7 +393,7 @@ def verdict(fig: dict[str, Any]) -> dict[str, Any]:
         {
             "gate": code,
             "kind": "fired",
-            "text": f"{CHECKS[code].label} ({code}) fired on {k:,} of {n:,} pairs",
+            "text": f"{audit_checks()[code].label} ({code}) fired on {k:,} of {n:,} pairs",
         }
         for code, k in fired.items()
     ]
@@ -412,7 +407,7 @@ def verdict(fig: dict[str, Any]) -> dict[str, Any]:
     else:
         status = "clear"
 
-    ran = f"{len(checks['ran'])} of {len(CHECKS)} checks ran"
+    ran = f"{len(checks['ran'])} of {len(audit_checks())} checks ran"
     parts = []
     if fired:
         listed = ", ".join(f"{code} {k:,}" for code, k in fired.items())
@@ -485,7 +480,7 @@ def analyse(
     source: dict[str, Any],
     judge: Judge | None = None,
     *,
-    rules: Rules | None = None,
+    rules: RuleSet | None = None,
     timings: dict[str, float] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every figure of the audit, and every flag (one per pair and check that fires)."""
@@ -502,7 +497,7 @@ def analyse(
         raise InputError("no rows to audit", path=source["path"])
     check_types(rows, source)
     lap("types")
-    rules = rules or Rules.from_config()
+    rules = rules or RuleSet()
     ids = [row_id(r, f"row {i}") or f"row {i}" for i, r in enumerate(rows)]
     where = source.get("_where")
     if source.get("format") in ("jsonl", "pairs_stage") and where is not None:
@@ -518,6 +513,7 @@ def analyse(
     wr: list[int] = []
     sims: list[float] = []
     flags: list[dict[str, Any]] = []
+    applied: set[str] = set()
     diff = probe_matrix(n)
     for i, r in enumerate(rows):
         tc, nc = words_and_count(r["chosen"])
@@ -526,11 +522,11 @@ def analyse(
         wc.append(nc)
         wr.append(nr)
         sims.append(sim)
-        check_row(flags, i, r, rules, ids, cats, (nc, nr), sim, (tc, tr))
+        check_row(flags, i, r, rules, ids, cats, (nc, nr), sim, (tc, tr), applied)
         if diff is not None:
             diff[i] = feature_difference(r, tc, tr, nc, nr)
     lap("rows")
-    check_set(flags, rows, rules, ids, cats, timings)
+    check_set(flags, rows, rules, ids, cats, timings, applied)
     clock = time.perf_counter()
     blind = _blind_verdicts(rows, judge)
     probe = shortcut_probe(rows, timings=timings, diff=diff)
@@ -552,7 +548,7 @@ def analyse(
         "per_category": _per_category(rows, wc, wr, sims, blind, flags),
         "has_category": any(c is not None for c in cats),
         "agreement": _agreement_figures(rows, Path(source["path"])),
-        "checks": _checks_figures(rows, flags, rules),
+        "checks": _checks_figures(rows, flags, rules, applied),
         "shortcut_probe": probe,
     }
     fig["verdict"] = verdict(fig)
@@ -565,7 +561,7 @@ def compute_figures(
     source: dict[str, Any],
     judge: Judge | None = None,
     *,
-    rules: Rules | None = None,
+    rules: RuleSet | None = None,
 ) -> dict[str, Any]:
     """Every figure of the audit, as a JSON-serialisable dict (with its ``verdict``)."""
     return analyse(rows, source, judge, rules=rules)[0]

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.audit.checks import CHECKS
 from pipeline.audit.probe import FEATURE_NAMES
 from pipeline.errors import InputError, PipelineError
 from pipeline.fields import show_cell
+from pipeline.rules import audit_checks
 
 _COLORS = ("#2b6cb0", "#c05621", "#2f855a", "#6b46c1")
 _E = html.escape
@@ -299,7 +299,7 @@ def _summary_section(fig: dict[str, Any]) -> str:
 def _checks_section(fig: dict[str, Any]) -> str:
     c = fig["checks"]
     rows = []
-    for code, check in CHECKS.items():
+    for code, check in audit_checks().items():
         if code in c["counts"]:
             rows.append(
                 (
@@ -312,11 +312,11 @@ def _checks_section(fig: dict[str, Any]) -> str:
             )
         else:
             rows.append((check.label, code, "not run", "", c["not_run"].get(code, "")))
-    ran = [code for code in CHECKS if code in c["counts"]]
+    ran = [code for code in audit_checks() if code in c["counts"]]
     chart = (
         svg_hbars(
             "Pairs flagged per check (per 100 pairs)",
-            [CHECKS[k].label for k in ran],
+            [audit_checks()[k].label for k in ran],
             [c["per_100"].get(k, 0.0) for k in ran],
             x_max=_nice_max(max([c["per_100"].get(k, 0.0) for k in ran] + [1.0])),
             x_title="pairs flagged per 100 pairs",
@@ -344,7 +344,7 @@ def _flagged_section(fig: dict[str, Any]) -> str:
         return "<h2>Flagged pairs</h2><p>None.</p>"
     rows = [
         (
-            CHECKS[f["check"]].label if f["check"] in CHECKS else f["check"],
+            audit_checks()[f["check"]].label if f["check"] in audit_checks() else f["check"],
             f["id"],
             f["category"] if f["category"] is not None else "",
             f["side"] or "pair",
@@ -663,12 +663,12 @@ def _compare_section(fig: dict[str, Any]) -> str:
             round(100 * (b["checks"]["share_flagged"] or 0), 2),
         ),
     ]
-    codes = [c for c in CHECKS if c in a["checks"]["counts"] or c in b["checks"]["counts"]]
+    codes = [c for c in audit_checks() if c in a["checks"]["counts"] or c in b["checks"]["counts"]]
     fired = [c for c in codes if a["checks"]["counts"].get(c) or b["checks"]["counts"].get(c)]
     for code in codes:
         rows.append(
             (
-                f"{CHECKS[code].label} per 100",
+                f"{audit_checks()[code].label} per 100",
                 a["checks"]["per_100"].get(code, "not run"),
                 b["checks"]["per_100"].get(code, "not run"),
             )
@@ -697,7 +697,7 @@ def _compare_section(fig: dict[str, Any]) -> str:
         + (
             svg_bars(
                 "Checks fired per 100 pairs",
-                [CHECKS[c].label for c in fired],
+                [audit_checks()[c].label for c in fired],
                 {
                     name_a: [a["checks"]["per_100"].get(c, 0.0) for c in fired],
                     name_b: [b["checks"]["per_100"].get(c, 0.0) for c in fired],

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.audit.checks import CHECKS, PROBE_GATE
+from pipeline.audit.checks import PROBE_GATE
 from pipeline.audit.figures import Judge, analyse
 from pipeline.audit.load import load_pairs
 from pipeline.audit.report import flags_jsonl, render_html, write_files
 from pipeline.errors import InputError, PipelineError
-from pipeline.rules import Rules
+from pipeline.rules import RuleSet, audit_checks
 from pipeline.run import RunDir, run_of
 from pipeline.run.layout import RELEASE_SUMMARY
 from pipeline.run.outputs import check_output, enclosing_run, run_role
@@ -34,7 +34,7 @@ def parse_fail_on(spec: str | None) -> set[str] | None:
     names = {s.strip() for s in spec.split(",") if s.strip()}
     if not names:
         raise InputError("give check codes or 'any'", field="--fail-on")
-    known = [*CHECKS, PROBE_GATE, GATE_ANY]
+    known = [*audit_checks(), PROBE_GATE, GATE_ANY]
     for name in sorted(names):
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
@@ -56,7 +56,7 @@ def gate(fig: dict[str, Any], fail_on: set[str] | None) -> list[str]:
     v = fig["verdict"]
     every = GATE_ANY in fail_on
     out = [r["text"] for r in v["reasons"] if every or r["gate"] in fail_on]
-    for code in CHECKS:
+    for code in audit_checks():
         if code in fail_on and code in v["checks"]["not_run"]:
             out.append(
                 f"{code} did not run ({v['checks']['not_run'][code]}), so it cannot clear this set"
@@ -71,7 +71,7 @@ def _run_of(path: Path, source: dict[str, Any]) -> RunDir | None:
 
 def resolve_rules(
     path: Path, source: dict[str, Any], config: Any = None, word_cap: int | None = None
-) -> tuple[Rules, str]:
+) -> tuple[RuleSet, str]:
     """The rules' thresholds and patterns, and where they came from: ``config`` (a Config
     or a YAML path), else the rules a release records (release.json, wherever the release
     lies), else the run's own run.yaml, else the config defaults; ``word_cap`` overrides the
@@ -81,7 +81,7 @@ def resolve_rules(
 
     origin = "the config defaults"
     cfg = None
-    rules: Rules | None = None
+    rules: RuleSet | None = None
     recorded = source.get("_recorded") or {}
     if isinstance(config, Config):
         cfg, origin = config, "the given config"
@@ -100,15 +100,11 @@ def resolve_rules(
             except PipelineError:
                 origin = f"the config defaults ({rd.config_path} could not be read)"
     if rules is None:
-        rules = (
-            Rules.from_config(cfg.pairs, cfg.responses.word_cap)
-            if cfg is not None
-            else Rules.from_config()
-        )
+        rules = RuleSet(cfg.pairs, cfg.responses.word_cap) if cfg is not None else RuleSet()
     if word_cap is not None:
         if word_cap < 1:
             raise InputError(f"must be at least 1, got {word_cap}", field="--word-cap")
-        rules.word_cap = word_cap
+        rules = rules.with_word_cap(word_cap)
         origin += f", word cap {word_cap} from --word-cap"
     return rules, origin
 

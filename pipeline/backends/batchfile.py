@@ -135,6 +135,10 @@ class BatchFileBackend(Backend):
 
     # ---- the kind ----------------------------------------------------------------------
     @classmethod
+    def answers_in_rounds(cls, cfg: BackendSection) -> bool:
+        return True  # each round is a batch job on the cluster
+
+    @classmethod
     def build(
         cls,
         cfg: BackendSection,

@@ -33,6 +33,8 @@ from pipeline.config.sections import (
     RunSection,
     SamplingSection,
     Strategy,
+    pairs_model,
+    pairs_section,
 )
 from pipeline.config.yamlfile import ConfigLoader, DuplicateKeyError
 from pipeline.kinds.settings import BackendSection
@@ -61,5 +63,7 @@ __all__ = [
     "config_from_overrides",
     "describe_fields",
     "load_config",
+    "pairs_model",
+    "pairs_section",
     "parse_override",
 ]

@@ -11,6 +11,7 @@ from pipeline.config.sections import Config
 from pipeline.errors import ConfigError
 from pipeline.inputs import FORMATS
 from pipeline.io import path_kind
+from pipeline.rules import RULES
 
 
 def check_input_path(
@@ -93,6 +94,12 @@ def check_consistency(cfg: Config, source: str) -> None:
             path=source,
             field="run.budget.usd",
         )
+    if cfg.responses.sampling.max_tokens is None:
+        raise ConfigError(
+            "must be a number of tokens: an answer in prose has no schema to bound it",
+            path=source,
+            field="responses.sampling.max_tokens",
+        )
     if r.min_items > r.max_items:
         raise ConfigError(
             f"rubrics.min_items ({r.min_items}) exceeds rubrics.max_items ({r.max_items}); "
@@ -100,40 +107,19 @@ def check_consistency(cfg: Config, source: str) -> None:
             path=source,
             field="rubrics.min_items",
         )
-    if p.length_ratio_min > p.length_ratio_max:
-        raise ConfigError(
-            f"pairs.length_ratio_min ({p.length_ratio_min}) exceeds pairs.length_ratio_max "
-            f"({p.length_ratio_max}), so every pair would be dropped; swap or widen them",
-            path=source,
-            field="pairs.length_ratio_min",
-        )
-    if p.similarity_min > p.similarity_max:
-        raise ConfigError(
-            f"pairs.similarity_min ({p.similarity_min}) exceeds pairs.similarity_max "
-            f"({p.similarity_max}), so every pair would be dropped; swap or widen them",
-            path=source,
-            field="pairs.similarity_min",
-        )
-    if "length" in p.filters:
-        # both answers hold 1..cap words, so chosen/rejected lies within [1/cap, cap]
-        cap = int(cfg.responses.word_cap * (1 + p.length_slack))
-        if p.length_ratio_min > cap or p.length_ratio_max < 1 / max(cap, 1):
-            raise ConfigError(
-                f"pairs.length_ratio_min/max [{p.length_ratio_min}, {p.length_ratio_max}] "
-                f"excludes every ratio two answers of 1 to {cap} words can have, so every pair "
-                "would be dropped",
-                path=source,
-                field="pairs.length_ratio_min",
-            )
+    values = p.model_dump()
+    for name, rule in RULES.items():
+        found = rule.settings_problem(values, cfg.responses.word_cap, name in p.filters)
+        if found is not None:
+            field, why = found
+            raise ConfigError(why, path=source, field=f"pairs.{field}")
 
 
 def check_judge_off(cfg: Config, source: str) -> None:
     """With the judge off (the reference's construction) no filter may need a verdict."""
     if cfg.judge.enabled:
         return
-    from pipeline.filters import FILTERS
-
-    needing = [n for n in cfg.pairs.filters if FILTERS.get(n).reads_verdicts]
+    needing = [n for n in cfg.pairs.filters if RULES.get(n).reads_verdicts]
     if needing:
         raise ConfigError(
             f"judge.enabled is false, but the filters {', '.join(needing)} read the judge's "

@@ -28,18 +28,13 @@ _SECRET_KEYS = {"api_key", "token", "password", "secret", "access_token"}
 
 
 def _fields_of(model: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names valid at ``loc`` (for 'did you mean')."""
-    cur: Any = model
+    """Field names valid at ``loc`` (for 'did you mean'), read off a default instance, so
+    a section whose model is built at run time (``pairs``: the rules' thresholds) lists
+    its real fields."""
+    cur: Any = model()
     for part in loc[:-1]:
-        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
-            return []
-        f = cur.model_fields.get(str(part))
-        if f is None:
-            return []
-        cur = f.annotation
-    if isinstance(cur, type) and issubclass(cur, BaseModel):
-        return list(cur.model_fields)
-    return []
+        cur = getattr(cur, str(part), None) if isinstance(cur, BaseModel) else None
+    return list(type(cur).model_fields) if isinstance(cur, BaseModel) else []
 
 
 def _shown(value: Any) -> str:

@@ -8,21 +8,19 @@ environment variable that holds a key, never the key.
 from __future__ import annotations
 
 import os
-import re
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, SerializeAsAny, create_model, field_validator
 
 from pipeline.errors import ConfigError
 from pipeline.inputs import FORMATS
 from pipeline.kinds.settings import BackendSection
 from pipeline.kinds.settings import check_http_url as _check_http_url
 from pipeline.redact import public_url
-from pipeline.rules import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
-from pipeline.rules import default as rule_default
+from pipeline.rules import RULES, default_filters, threshold_fields
 from pipeline.section import Section
 
 STRATEGIES = ("avoid_all", "violate_one", "other_user")
@@ -208,7 +206,13 @@ class SamplingSection(_Section):
     temperature: float = Field(0.8, ge=0, le=2, description="Sampling temperature.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling mass.")
     # 2**20 tokens: more than any model's whole context window
-    max_tokens: int = Field(400, ge=1, le=2**20, description="Longest answer in tokens.")
+    max_tokens: int | None = Field(
+        400,
+        ge=1,
+        le=2**20,
+        description="Longest answer in tokens; null (the judge's and the rubric stage's "
+        "default): what the longest answer its JSON schema allows takes (docs/plan.md).",
+    )
 
 
 class ProfileSection(_Section):
@@ -269,9 +273,9 @@ class RubricsSection(_Section):
         "(no_given_rubric), a repeat is kept once and the ends are trimmed (docs/inputs.md).",
     )
     sampling: SamplingSection = Field(
-        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=2048),
+        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=None),
         description="Sampling for rubric generation (greedy by default: one rubric per user); "
-        "max_tokens also sizes the schema's text fields.",
+        "a max_tokens given also sizes the schema's text fields.",
     )
     reasks: int = Field(
         2,
@@ -313,16 +317,17 @@ class JudgeSection(_Section):
         None, description="Judge model; default: backend.model (a stronger judge is better)."
     )
     sampling: SamplingSection = Field(
-        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=1024),
+        default_factory=lambda: SamplingSection(temperature=0.0, top_p=1.0, max_tokens=None),
         description="Sampling for judge calls (greedy: verdicts should be reproducible); "
-        "max_tokens also sizes the verdict schemas' rationales.",
+        "max_tokens null: each verdict's schema's bound; a number also sizes the schemas' "
+        "rationales.",
     )
     rationale_max_chars: int = Field(
         300,
         ge=40,
         le=100_000,
-        description="Longest rationale a verdict schema allows (shorter when max_tokens is "
-        "tight; see pipeline/schemas.py).",
+        description="Longest rationale a verdict schema allows (shorter when a given "
+        "max_tokens is tight; see pipeline/schemas.py).",
     )
     enabled: bool = Field(
         True,
@@ -336,6 +341,15 @@ class JudgeSection(_Section):
         le=1000,
         description="Chosen x rejected combinations per example sent to the pairwise judge, "
         "best pointwise margin first.",
+    )
+    stop: Literal["auto", "first_pass", "outranked", "all"] = Field(
+        "auto",
+        description="When an example stops asking pairwise verdicts: first_pass, at the first "
+        "combination that passes every filter (the kept pair: the best pointwise margin that "
+        "passes); outranked, once no combination left can beat the best passed on the full "
+        "margin (the pair judging all would keep); all, every combination a filter does not "
+        "drop on its pointwise verdicts, in one round; auto: all for a backend that answers "
+        "in rounds (batch files, a batch API), first_pass otherwise.",
     )
     chunk_size: int = _shard_size("judge")
 
@@ -375,157 +389,47 @@ class PromptsSection(_Section):
 
 
 class PairsSection(_Section):
+    """The ``pairs`` section: the filters to run and, as fields of the model
+    :func:`pairs_model` builds, every registered rule's thresholds (``pipeline/rules/``)."""
+
     filters: list[str] = Field(
-        default_factory=lambda: [
-            "judge_parse",
-            "truncated",
-            "empty",
-            "truncated_text",
-            "refusal",
-            "meta_text",
-            "rubric_echo",
-            "length",
-            "quality_floor",
-            "quality_gap",
-            "coverage",
-            "pairwise_consistency",
-            "similarity",
-            "near_duplicate",
-        ],
+        default_factory=default_filters,
         description="Pair filters in the order they run (see docs/filters.md).",
-    )
-    quality_floor: int = Field(
-        rule_default("quality_floor"),
-        ge=1,
-        le=5,
-        description="Both answers score at least this on all three dimensions.",
-    )
-    quality_gap_max: int = Field(
-        rule_default("quality_gap_max"),
-        ge=0,
-        le=4,
-        description="Largest allowed difference on any quality dimension.",
-    )
-    coverage_chosen_min: int = Field(
-        rule_default("coverage_chosen_min"),
-        ge=0,
-        le=2,
-        description="The chosen answer's least coverage score on every item.",
-    )
-    coverage_rejected_max: int = Field(
-        rule_default("coverage_rejected_max"),
-        ge=0,
-        le=2,
-        description="The rejected answer's highest score on its violated items.",
-    )
-    coverage_kept_min: int = Field(
-        rule_default("coverage_kept_min"),
-        ge=0,
-        le=2,
-        description="violate_one: the rejected answer's least score on the items it keeps.",
-    )
-    # ten times the cap is no cap at all
-    length_slack: float = Field(
-        rule_default("length_slack"),
-        ge=0,
-        le=10,
-        description="Word cap tolerance: both answers <= word_cap * (1 + slack).",
-    )
-    # the word counts of two capped answers differ by less than word_cap * (1 + slack)
-    length_ratio_min: float = Field(
-        rule_default("length_ratio_min"),
-        gt=0,
-        le=1000,
-        description="Least chosen/rejected word-count ratio.",
-    )
-    length_ratio_max: float = Field(
-        rule_default("length_ratio_max"),
-        gt=0,
-        le=1000,
-        description="Largest chosen/rejected ratio.",
-    )
-    similarity_min: float = Field(
-        rule_default("similarity_min"),
-        ge=0,
-        le=100,
-        description="Least word-level similarity (rapidfuzz Indel, 0-100).",
-    )
-    similarity_max: float = Field(
-        rule_default("similarity_max"),
-        ge=0,
-        le=100,
-        description="Largest word-level similarity (near-identical above).",
-    )
-    dedup_question_threshold: float = Field(
-        rule_default("dedup_question_threshold"),
-        ge=0,
-        le=100,
-        description="One user's questions this similar are duplicates.",
-    )
-    dedup_answer_threshold: float = Field(
-        rule_default("dedup_answer_threshold"),
-        ge=0,
-        le=100,
-        description="Answers this similar are duplicates: within a user, or both answers of "
-        "a pair across users (docs/audit.md).",
-    )
-    dedup_profile_threshold: float = Field(
-        rule_default("dedup_profile_threshold"),
-        ge=0,
-        le=100,
-        description="Profiles this similar are one person for dedup.",
-    )
-    echo_min_words: int = Field(
-        rule_default("echo_min_words"),
-        ge=1,
-        le=1000,
-        description="rubric_echo: least words a rubric aspect needs to count.",
-    )
-    echo_threshold: float = Field(
-        rule_default("echo_threshold"),
-        ge=0,
-        le=100,
-        description="rubric_echo: least partial match (0-100) of an aspect.",
-    )
-    meta_patterns: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_META_PATTERNS),
-        description="Regexes (case-insensitive) that mark an answer talking about its brief "
-        "(defaults: pipeline/rules/patterns.py, docs/audit.md).",
-    )
-    refusal_patterns: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_REFUSAL_PATTERNS),
-        description="Regexes (case-insensitive) that mark a refusal.",
     )
     chunk_size: int = _shard_size("pairs")
 
     @field_validator("filters")
     @classmethod
     def _known_filters(cls, v: list[str]) -> list[str]:
-        from pipeline.filters import FILTERS
-
         for name in v:
             try:
-                FILTERS.check(name)
+                RULES.check(name)
             except ConfigError as exc:
                 raise ValueError(exc.reason) from None
+            if RULES.get(name).position is None:
+                raise ValueError(f"'{name}' is an audit check, not a pair filter")
         return v
 
-    @field_validator("meta_patterns", "refusal_patterns")
-    @classmethod
-    def _valid_regexes(cls, v: list[str]) -> list[str]:
-        # compiled as the filters compile them, so a bad one fails here, not after the LLM calls
-        for i, pattern in enumerate(v):
-            try:
-                rx = re.compile(pattern, re.IGNORECASE | re.MULTILINE)
-            except (re.error, RecursionError, OverflowError) as exc:
-                raise ValueError(
-                    f"item {i} is not a valid regular expression ({exc}); fix or remove it"
-                ) from None
-            if rx.search("") is not None:
-                raise ValueError(
-                    f"item {i} ({pattern!r}) matches empty text, so it would drop every pair"
-                )
-        return v
+
+_PAIRS: dict[tuple[Any, ...], type[PairsSection]] = {}
+
+
+def pairs_model() -> type[PairsSection]:
+    """The ``pairs`` section's model with a field per threshold of every registered rule,
+    built again when the registered rules change."""
+    key = tuple(RULES.items())
+    got = _PAIRS.get(key)
+    if got is None:
+        _PAIRS.clear()
+        got = _PAIRS[key] = create_model(  # type: ignore[call-overload]
+            "PairsSection", __base__=PairsSection, __module__=__name__, **threshold_fields()
+        )
+    return got
+
+
+def pairs_section(**values: Any) -> PairsSection:
+    """A ``pairs`` section with these values (the others their defaults)."""
+    return pairs_model()(**values)
 
 
 class AnnotationSection(_Section):
@@ -610,7 +514,20 @@ class Config(_Section):
         default_factory=PromptsSection,
         description="Prompt files that replace the project's response prompts.",
     )
-    pairs: PairsSection = Field(default_factory=PairsSection, description="Pair stage.")
+    pairs: SerializeAsAny[PairsSection] = Field(
+        default_factory=pairs_section, description="Pair stage."
+    )
+
+    @field_validator("pairs", mode="before")
+    @classmethod
+    def _current_pairs(cls, v: Any) -> Any:
+        # validated by the model of the rules registered now: a rule's thresholds are its
+        # fields, and a section made before a rule was registered is read again
+        model = pairs_model()
+        if isinstance(v, PairsSection) and type(v) is not model:
+            v = v.model_dump()
+        return v if isinstance(v, model) else model.model_validate(v)
+
     annotation: AnnotationSection = Field(
         default_factory=AnnotationSection, description="Human verification rounds."
     )

@@ -119,7 +119,9 @@ class BonOptions:
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
     max_tokens: int = DEFAULT_MAX_TOKENS
-    judge_max_tokens: int = 0  # 0: the reference's 32 (list), the config's judge tokens (json)
+    # 0: the reference's 32 (list), the config's judge tokens (json; None: each coverage
+    # schema's own bound, as the judge stage asks)
+    judge_max_tokens: int | None = 0
     accuracy_from: Path | None = None
     accuracy_setting: str = "question"
     out: Path | None = None
@@ -461,7 +463,7 @@ def judge_request(q: Question, answer: str, prompt: Any, role: Any, opts: BonOpt
         model=role.model,
         temperature=0.0,
         top_p=1.0,
-        max_tokens=opts.judge_max_tokens,
+        max_tokens=opts.judge_max_tokens or JUDGE_MAX_TOKENS,  # (a list verdict's: never None)
         n=1,
         seed=role.cfg.run.seed,
         served_by=role.served_id,
@@ -602,7 +604,7 @@ def _check_sampling(opts: BonOptions) -> None:
         except ValidationError as exc:
             why = exc.errors()[0]["msg"].replace("Input should be", "must be")
             raise InputError(f"{why}, got {value!r}", path=flag) from None
-    if opts.judge_max_tokens < 0:
+    if opts.judge_max_tokens is not None and opts.judge_max_tokens < 0:
         raise InputError("must be at least 1", path="--judge-max-tokens")
 
 
@@ -676,7 +678,7 @@ def plan_of(prep: Prepared) -> dict[str, Any]:
         steps["judge"] = {
             "requests_at_most": q * per_q,
             "prompt_tokens_bound": round(jper * q * per_q),
-            "output_bound": q * per_q * opts.judge_max_tokens,
+            "output_bound": q * per_q * judge_tokens(prep),
             "prompt_tokens_per_request_bound": jper,
             "tokens": jc.method,
         }
@@ -689,6 +691,19 @@ def plan_of(prep: Prepared) -> dict[str, Any]:
         cache.close()
     return {"questions": q, "n": opts.n, "ks": prep.ks, "steps": steps,
             "reference_size": reference_size(prep, steps)}  # fmt: skip
+
+
+def judge_tokens(prep: Prepared) -> int:
+    """The most output tokens one judge request may take: its max_tokens, or the largest
+    coverage schema's own bound over the split's rubric sizes (json, max_tokens None)."""
+    from pipeline import schemas
+
+    opts = prep.opts
+    if opts.judge_max_tokens is not None:
+        return opts.judge_max_tokens
+    cap = prep.judge.cfg.judge.rationale_max_chars
+    sizes = {len(q.aspects) for q in prep.questions} or {1}
+    return max(schemas.coverage_schema(n, None, cap)[1] for n in sizes)
 
 
 def reference_size(prep: Prepared, steps: dict[str, Any]) -> dict[str, Any]:
@@ -713,7 +728,7 @@ def reference_size(prep: Prepared, steps: dict[str, Any]) -> dict[str, Any]:
     judge = {
         "requests_at_most": q * per_q,
         "prompt_tokens_bound": round(j["prompt_tokens_per_request_bound"] * q * per_q),
-        "output_bound": q * per_q * opts.judge_max_tokens,
+        "output_bound": q * per_q * judge_tokens(prep),
     }
     out["judge"] = {**judge, "cost_usd": _cost(judge, run_prices(prep.judge.cfg), cost_usd)}
     for name, st in steps.items():

@@ -9,6 +9,6 @@ strings, imported when chosen).
   ``DIALECTS``;
 - ``stages``: ``STAGES`` and ``ORDER``, the stages' run order.
 
-The kinds below this floor (input formats, pair filters, audit checks) live with their
-rules in ``pipeline/inputs/``, ``pipeline/filters.py`` and ``pipeline/audit/checks.py``.
+The kinds below this floor (input formats, pair rules) live with their rules in
+``pipeline/inputs/`` and ``pipeline/rules/``.
 """

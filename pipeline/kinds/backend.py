@@ -245,6 +245,12 @@ class Backend(abc.ABC):
         return False
 
     @classmethod
+    def answers_in_rounds(cls, cfg: BackendSection) -> bool:
+        """Whether each round of requests is a job of its own that may take hours (batch
+        files, a batch API): a stage then asks in as few rounds as it can."""
+        return cls.batch_priced(cfg)
+
+    @classmethod
     def stage_model(cls, cfg: BackendSection, model: str | None = None) -> str:
         """The model a stage asks for: its own (``judge.model``), else backend.model."""
         return model or cfg.model

@@ -72,11 +72,11 @@ def _counted(
     counted as sent (``Dialect.as_sent``: the schema in the prompt, a prompt per choice
     where ``n`` is split). ``reasoning``: a reasoning model's settings (the identity's
     record), whose reasoning budget each answer may take on top of its max_tokens."""
-    batch: list[tuple[ChatRequest, bool]] = []
+    batch: list[tuple[ChatRequest, bool, float | None]] = []
 
     def flush() -> None:
-        present = cache.present(r.key for r, settled in batch if not settled)
-        for req, settled in batch:
+        present = cache.present(r.key for r, settled, _ in batch if not settled)
+        for req, settled, share in batch:
             # (a key is hashed only when the cache holds something to find)
             cached = settled or (bool(present) and req.key in present)
             dialect = dialects.get(req.model) if dialects else None
@@ -93,6 +93,7 @@ def _counted(
             bound = per_choice * req.n
             budget_prompt = request_bound(req, dialect).prompt_tokens
             expected = min(mean, per_choice) * req.n if mean is not None else None
+            p = 1.0 if share is None else share
             for fig in (est.total,) if cached else (est.total, est.to_send):
                 fig.requests += 1
                 fig.prompt_tokens += tokens
@@ -101,7 +102,10 @@ def _counted(
                 fig.output_bound += bound
                 fig.choices += req.n
                 if expected is not None:
-                    fig.output_expected = (fig.output_expected or 0.0) + expected
+                    fig.output_expected = (fig.output_expected or 0.0) + p * expected
+                fig.requests_expected += p
+                fig.prompt_expected += p * tokens
+                fig.output_bound_expected += p * bound
             est.cached += cached
         batch.clear()
 
@@ -113,8 +117,11 @@ def _counted(
             est.estimated |= pe.estimated
             est.placeholders |= pe.placeholders
             yield from pe.rows
-        for req in pe.requests:
-            batch.append((req, is_done or pe.replayed > 0))
+        shares: list[float | None] = [None] * len(pe.requests)
+        if pe.sent_share is not None:
+            shares = list(pe.sent_share)
+        for req, share in zip(pe.requests, shares, strict=True):
+            batch.append((req, is_done or pe.replayed > 0, share))
         if len(batch) >= LOOKUP_BATCH:
             flush()
     flush()
@@ -361,7 +368,7 @@ def _estimate(
         if uses and "responses" in counted_names:
             # counted in case the answers turn out to hold placeholders (known at the end)
             text = filler.answer()
-            beyond = max(config.responses.sampling.max_tokens - counter.text(text), 0)
+            beyond = max((config.responses.sampling.max_tokens or 0) - counter.text(text), 0)
             # the budget counts a prompt's bytes: the placeholder's bytes per token
             per_token = len(text.encode("utf-8")) / max(counter.text(text), 1)
             if beyond > 0:
@@ -383,6 +390,11 @@ def _estimate(
     for source in sources:
         source.finish()
     used_filler = _finish(counted, out)
+    for est, stage, *_ in counted:
+        if est.to_send.requests_expected < est.to_send.requests - 1e-6:
+            note = stage.plan_note(ctx)
+            if note:
+                est.notes.append(note)
     ingest_est.examples = len(ingest_rows)
     ingest_est.examples_to_do = 0 if ingest_plan.action == "skip" else ingest_est.examples
     if used_filler:
@@ -493,6 +505,9 @@ def _summarise(
         send.prompt_bound += s.prompt_bound
         send.budget_prompt += s.budget_prompt
         send.output_bound += s.output_bound
+        send.requests_expected += s.requests_expected
+        send.prompt_expected += s.prompt_expected
+        send.output_bound_expected += s.output_bound_expected
         if s.requests and e.reasks_expected:
             # a re-ask repeats the prompt with the answer and the reason appended, and a
             # cut-off one doubles max_tokens: counted at twice a first attempt's bound
@@ -508,6 +523,9 @@ def _summarise(
     prompt_all = send.prompt_tokens + reask_prompt
     totals: dict[str, Any] = {
         "requests_to_send": send.requests,
+        # where the judge sends only what its verdicts make worth asking: what it expects
+        "requests_expected": round(send.requests_expected, 1),
+        "output_tokens_bound_expected": round(send.output_bound_expected),
         "reasks_expected": round(reasks, 1),
         "prompt_tokens": round(prompt_all),
         "output_tokens_expected": round(expected_out) if expected_out is not None else None,
@@ -532,12 +550,14 @@ def _summarise(
         "spent_tokens": spent.tokens,
     }
     tps, source = throughput(ctx, tokens_per_second, measured)
-    out_tokens = expected_out if expected_out is not None else float(send.output_bound)
+    out_tokens = expected_out if expected_out is not None else send.output_bound_expected
     time_ = {
         "output_tokens_per_second": tps,
         "source": source,
         "seconds": round(out_tokens / tps, 1) if tps else None,
-        "basis": "expected output" if expected_out is not None else "output bound",
+        "basis": "expected output"
+        if expected_out is not None
+        else "output bound of the requests expected",
     }
     cost: dict[str, Any] = {
         "input_usd_per_million": prices.input_usd_per_million,

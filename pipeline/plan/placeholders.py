@@ -123,7 +123,7 @@ def make_filler(
             "mean of this backend's answers in the cache)"
         )
     else:
-        words = min(r.word_cap, int(r.sampling.max_tokens / max(tokens_per_word, 1e-6)))
+        words = min(r.word_cap, int((r.sampling.max_tokens or 0) / max(tokens_per_word, 1e-6)))
         notes.append(
             f"answers not yet written count {words} words each: responses.word_cap, "
             "the length the prompts ask for (nothing measured yet)"

@@ -67,6 +67,16 @@ def render(plan: Plan, fresh: Plan | None = None, command: str | None = None) ->
             "answer comes back"
         )
     for e in plan.stages:
+        s = e.to_send
+        if e.uses_llm and s.requests_expected < s.requests - 1e-6:
+            lines.append(
+                f"{e.stage}: expected to send {s.requests_expected:,.0f} of these {s.requests:,} "
+                f"requests ({s.requests_expected / max(e.examples_to_do, 1):.1f} an example, of "
+                f"{s.requests / max(e.examples_to_do, 1):.1f} at most), output bound "
+                f"{s.output_bound_expected:,.0f} tokens of {s.output_bound:,}"
+            )
+            lines += [f"{e.stage}: {note}" for note in e.notes]
+    for e in plan.stages:
         if e.uses_llm:
             lines.append(f"{e.stage}: prompt tokens: {e.tokens}; output: {e.output_basis}")
             if e.reask_rate is not None:
@@ -163,9 +173,11 @@ def render(plan: Plan, fresh: Plan | None = None, command: str | None = None) ->
             b = before.get(e.stage, e)
             out_est = b.total.output_expected
             shown = _n(out_est) if out_est is not None else f"<={b.total.output_bound:,}"
+            # the expected counts: where the judge sends only part of what it could, the
+            # share it expected (for every other stage, the counts themselves)
             lines.append(
-                f"{e.stage:11s}{b.total.requests:>10,}{a['answers']:>10,}"
-                f"{b.total.prompt_tokens:>12,}{a['prompt_tokens']:>10,}"
+                f"{e.stage:11s}{round(b.total.requests_expected):>10,}{a['answers']:>10,}"
+                f"{round(b.total.prompt_expected):>12,}{a['prompt_tokens']:>10,}"
                 f"{shown:>12s}{a['completion_tokens']:>10,}"
             )
     for e in plan.stages:

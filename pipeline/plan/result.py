@@ -15,6 +15,11 @@ class Figures:
     prompt_bound: int = 0
     output_bound: int = 0
     output_expected: float | None = None
+    # the counts weighted by the share of runs that send each request: where a stage sends
+    # only some of the requests it could (the judge: PlannedExample.sent_share), fewer
+    requests_expected: float = 0.0
+    prompt_expected: float = 0.0
+    output_bound_expected: float = 0.0
     choices: int = 0
     # the prompts as run.budget bounds them before sending (UTF-8 bytes plus
     # TEMPLATE_TOKENS_PER_MESSAGE a message; pipeline/budget.py), placeholder answers at

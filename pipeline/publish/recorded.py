@@ -82,14 +82,14 @@ def built_from(rd: RunDir) -> dict[str, Any]:
 
 
 def recorded_rules(summary: Mapping[str, Any], path: Path) -> tuple[Any, int] | None:
-    """The rules a release's pairs were filtered with, as a :class:`pipeline.rules.Rules`
+    """The rules a release's pairs were filtered with, as a :class:`pipeline.rules.RuleSet`
     and the word cap; None for a release written before it recorded them. The recorded
     settings are validated as the config's ``pairs`` section is (keys a newer version
     added are left out); a wrong one is one InputError naming release.json."""
     from pydantic import ValidationError
 
-    from pipeline.config import PairsSection
-    from pipeline.rules import Rules
+    from pipeline.config import pairs_model
+    from pipeline.rules import RuleSet
 
     prov = summary.get("provenance")
     rules = prov.get("rules") if isinstance(prov, Mapping) else None
@@ -102,10 +102,10 @@ def recorded_rules(summary: Mapping[str, Any], path: Path) -> tuple[Any, int] | 
             "'provenance.rules' must be an object {pairs, word_cap}; publish the release again",
             path=where,
         )
-    known = {k: v for k, v in pairs.items() if k in PairsSection.model_fields}
+    model = pairs_model()
+    known = {k: v for k, v in pairs.items() if k in model.model_fields}
     try:
-        section = PairsSection.model_validate(known)
-        return Rules.from_config(section, cap), cap
+        return RuleSet(model.model_validate(known), cap), cap
     except ValidationError as exc:
         first = exc.errors()[0]
         name = ".".join(str(p) for p in first["loc"])

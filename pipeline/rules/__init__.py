@@ -1,19 +1,39 @@
 """The rules a pair must pass, below everything that uses them.
 
+- ``base``: what a rule is (:class:`PairRule`: its thresholds, its test on an answer, a
+  combination or the set, its drop's wording, its audit checks), the registry
+  :data:`RULES` and :class:`RuleSet` (every rule built from a config's ``pairs`` section);
+- ``catalogue``: the built-in rules, one class each;
 - ``text``: a :class:`Hit`, an answer cut off mid-sentence, word-level similarity;
 - ``patterns``: the default meta-text and refusal regexes (data);
 - ``regexgate``: :class:`PatternSet`, regexes gated by the words they need;
-- ``pair``: :class:`Rules`, every per-pair rule with its thresholds (the config's defaults);
 - ``verdicts``: what the judge's verdicts on a pair say (preferences per A/B order, the
   rubric-aware direction, the margin that ranks a pair).
 
-The pair filters, the audit's checks, the annotation import and publish import from here;
-nothing here imports the config, a stage or a command.
+The pair stage, the audit, the config's ``pairs`` section, the annotation import and
+publish import from here; nothing here imports the config, a stage or a command.
 """
 
-from pipeline.rules.pair import Rules, default
-from pipeline.rules.patterns import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
-from pipeline.rules.regexgate import PatternSet
+from pipeline.rules import catalogue as _catalogue  # registers the built-in rules
+from pipeline.rules.base import (
+    KEEP,
+    RULES,
+    SKIP,
+    Answer,
+    AuditCheck,
+    Outcome,
+    PairRule,
+    PairView,
+    RowView,
+    RuleSet,
+    Verdict,
+    audit,
+    audit_checks,
+    default_filters,
+    run_filters,
+    threshold,
+    threshold_fields,
+)
 from pipeline.rules.text import (
     Hit,
     ends_mid_sentence,
@@ -22,15 +42,30 @@ from pipeline.rules.text import (
     word_similarity,
 )
 
+CUT_OFF = _catalogue.CUT_OFF
+
 __all__ = [
-    "DEFAULT_META_PATTERNS",
-    "DEFAULT_REFUSAL_PATTERNS",
+    "CUT_OFF",
+    "KEEP",
+    "RULES",
+    "SKIP",
+    "Answer",
+    "AuditCheck",
     "Hit",
-    "PatternSet",
-    "Rules",
-    "default",
+    "Outcome",
+    "PairRule",
+    "PairView",
+    "RowView",
+    "RuleSet",
+    "Verdict",
+    "audit",
+    "audit_checks",
+    "default_filters",
     "ends_mid_sentence",
     "normalise",
+    "run_filters",
+    "threshold",
+    "threshold_fields",
     "token_similarity",
     "word_similarity",
 ]

@@ -117,7 +117,7 @@ class PatternSet:
             try:
                 self.patterns.append(re.compile(p, re.IGNORECASE | re.MULTILINE))
             except re.error as exc:
-                # config validation catches this at load time; a hand-built Rules may not
+                # config validation catches this at load time; a hand-built rule may not
                 raise ValueError(f"{what}: invalid regex {p!r}: {exc}") from None
             keys = _anchors(p)
             self.gates.append(

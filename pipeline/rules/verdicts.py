@@ -76,6 +76,15 @@ def margin(
     return cov_c - cov_r + BLIND_WEIGHT * not_leaky - GAP_WEIGHT * gap
 
 
+def margin_bound(pointwise: float | None) -> float:
+    """The largest margin a combination with this pointwise margin (the margin before the
+    pairwise verdicts, None: a verdict missing) can reach once they are in: every blind
+    order not preferring the chosen. A little over, so a rounded margin never falls out."""
+    if pointwise is None:
+        return float("-inf")
+    return pointwise + BLIND_WEIGHT * len(ORDERS) + 1e-3
+
+
 def a_side(order: str) -> str:
     """Which side of the pair is shown as answer A in a presentation order: "AB" shows the
     chosen answer first, "BA" the rejected one."""

@@ -236,6 +236,9 @@ class PlannedExample:
     estimated: bool = False
     # True: ``rows`` hold placeholder text where answers are not in the cache yet
     placeholders: bool = False
+    # the share of runs that send each request (None: every one is sent): the judge asks
+    # what its verdicts so far make worth asking (``prb plan``'s expected count)
+    sent_share: list[float] | None = None
 
 
 class Placeholders(Protocol):
@@ -254,7 +257,7 @@ class Placeholders(Protocol):
 # schemas and prompt rendering, profile ranking, the input readers.
 ROW_CODE: tuple[str, ...] = (
     "pipeline.rules", "pipeline.records", "pipeline.schemas", "pipeline.prompts",
-    "pipeline.promptfiles", "pipeline.profile", "pipeline.dedup", "pipeline.filters",
+    "pipeline.promptfiles", "pipeline.profile", "pipeline.dedup",
     "pipeline.fields", "pipeline.ids", "pipeline.ingest", "pipeline.inputs",
 )  # fmt: skip
 
@@ -335,6 +338,11 @@ class Stage(abc.ABC):
         through ``ctx.cache``, which a plan opens read-only). A stage that sends no request
         and whose rows no later LLM stage reads has nothing to say."""
         return iter(())
+
+    def plan_note(self, ctx: Context) -> str | None:
+        """For ``prb plan``: what its expected count assumes, where not every request it
+        could send is sent (:attr:`PlannedExample.sent_share`)."""
+        return None
 
     # helpers -------------------------------------------------------------------------
     def view(self, stage: str) -> Callable[[Mapping[str, Any]], UpstreamRow]:

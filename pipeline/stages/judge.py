@@ -2,6 +2,26 @@
 verdicts (rubric-aware and rubric-blind, both A/B orders) for the most promising
 chosen x rejected combinations of each example. Every score keeps its rationale.
 
+It asks only what can still change the pair the pair stage keeps, by the pair stage's own
+filters (``pipeline.rules.run_filters``, the run's ``pairs`` settings):
+
+- a candidate that a text rule drops (over the cap, a refusal, meta-text, cut off...) gets
+  no verdict at all: the rules that come before every verdict-reading rule in
+  ``pairs.filters`` are tried on each answer first (``skipped`` in the row, with the rule);
+- the shortlist (``judge.max_pairs_per_example`` combinations, best pointwise margin
+  first) is judged one combination at a time: a combination a filter drops on its
+  pointwise verdicts is never sent to the pairwise judge; the rubric-aware verdicts (both
+  orders) go first, the rubric-blind ones only if the aware ones keep the pair;
+- once a combination passes, the example stops (``judge.stop: first_pass``): the kept
+  pair is the passing combination with the best pointwise margin. With ``outranked``, a
+  later one is asked while its margin could still beat it (its pointwise margin plus the
+  largest rubric-blind term, ``margin_bound``), so the kept pair is the one judging every
+  combination would keep. The rest are marked ``not_asked: outranked``.
+
+Each example waits only on its own round trips; the examples in flight fill the engine's
+batch. The pair settings are part of this stage's fingerprint: a changed threshold re-does
+it from the cache, asking only the verdicts the new thresholds make worth asking.
+
 The stage streams: an example's pointwise requests go out as its candidates are read from
 the responses shards; once they are answered, its shortlist's pairwise requests are pushed
 ahead of the remaining input, and its row is written when the last verdict is in. Memory
@@ -27,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import math
 from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -34,12 +55,16 @@ from typing import Any
 
 from pipeline import schemas
 from pipeline.chat import ChatRequest
+from pipeline.errors import PipelineError
 from pipeline.fields import DIMENSIONS, ORDERS
 from pipeline.ids import content_hash, pair_id
 from pipeline.io import dumps_sorted
+from pipeline.kinds.backend import BACKENDS
 from pipeline.llm import Answer, Failure, Job, LLMRunner
 from pipeline.prompts import load_template
-from pipeline.rules.verdicts import a_side, margin, shown_side
+from pipeline.rules import Hit, PairRule, PairView, RuleSet, run_filters
+from pipeline.rules.base import Answer as Text
+from pipeline.rules.verdicts import a_side, margin, margin_bound, shown_side
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
@@ -64,9 +89,21 @@ JUDGE_FIELDS = frozenset({"example_id", "quality", "coverage", "pairwise"})
 MEMO_KIND = "judge_row/1"
 
 
+# the pairwise judges in the order they are asked: the rubric-aware one can drop a pair alone
+STEPS = ("pairwise_aware", "pairwise_blind")
+# a combination not asked about: one judged already passes with a margin it cannot reach
+OUTRANKED = "outranked"
+# what `prb plan` expects of the pairwise judges until this run has judged enough to
+# measure it (MEASURED_FROM combinations): the rubric-aware one keeps this share of what it
+# is sent, the rubric-blind one this share of what the aware one kept (an assumption)
+ASSUMED_SHARES = (0.9, 0.9)
+MEASURED_FROM = 20
+
+
 @dataclass
 class _Judged:
-    """What an example in flight keeps: its candidates and the verdicts so far."""
+    """What an example in flight keeps: its candidates, the verdicts so far, and where
+    its shortlist stands (the combination being judged, the best margin passed so far)."""
 
     question: str
     items: list[dict[str, str]]
@@ -75,6 +112,9 @@ class _Judged:
     quality: dict[str, dict] = field(default_factory=dict)
     coverage: dict[str, dict] = field(default_factory=dict)
     pairs: list[dict] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)  # the shortlist in the order judged
+    cursor: int = 0
+    best: float | None = None
 
 
 class JudgeStage(Stage):
@@ -83,9 +123,10 @@ class JudgeStage(Stage):
         "ingest": frozenset({"example_id", "question"}),
         "rubrics": frozenset({"example_id", "items"}),
         "responses": frozenset(
-            {"candidate_id", "example_id", "side", "text", "violates", "strategy"}
+            {"candidate_id", "example_id", "side", "text", "violates", "honours", "strategy",
+             "finish_reason", "provenance"}
         ),
-    }
+    }  # fmt: skip
     writes = JUDGE_FIELDS | {"provenance"}
 
     def uses_llm(self, ctx: Context) -> bool:
@@ -106,7 +147,28 @@ class JudgeStage(Stage):
                 "pairwise": schemas.pairwise_schema(m, cap),
                 "coverage": schemas.coverage_schema(1, m, cap)[0],
             },
+            # the filters it stops asking by, and when it stops
+            "stop": self.stop(ctx),
+            "pairs": c.pairs.model_dump(mode="json"),
+            "word_cap": c.responses.word_cap,
         }
+
+    @staticmethod
+    def filters(ctx: Context) -> list[PairRule]:
+        """The pair stage's pair-level filters, built once per run."""
+        rules = RuleSet(ctx.config.pairs, ctx.config.responses.word_cap)
+        return [f for f in rules.filters(ctx.config.pairs.filters) if not f.set_level]
+
+    @staticmethod
+    def text_rules(filters: list[PairRule]) -> list[PairRule]:
+        """The filters that come before every one that reads a verdict the judge may not
+        ask (``asked_only`` ones read only what was asked): tried on each answer first."""
+        out = []
+        for f in filters:
+            if f.reads_verdicts and not f.asked_only:
+                break
+            out.append(f)
+        return out
 
     @staticmethod
     def model(ctx: Context) -> str:
@@ -219,6 +281,20 @@ class JudgeStage(Stage):
 
         return Job(req, tag, validate, salvage)
 
+    @staticmethod
+    def _skip(ex: _Judged, rules: list[PairRule], cands: list[dict] | None = None) -> None:
+        """Mark the candidates (default: all) a text rule drops (``rules``:
+        :meth:`text_rules`): they get no verdict, and every combination holding one is
+        dropped by that rule."""
+        aspects = [it["aspect"] for it in ex.items if isinstance(it.get("aspect"), str)]
+        for cand in ex.cands if cands is None else cands:
+            answer = Text(cand["text"], cand.get("finish_reason"), aspects)
+            for rule in rules:
+                if isinstance(rule.answer(answer), Hit):
+                    ex.quality[cand["candidate_id"]] = {"skipped": rule.name}
+                    ex.coverage[cand["candidate_id"]] = {"skipped": rule.name}
+                    break
+
     def _pointwise_jobs(self, ctx: Context, ex: _Judged) -> list[Job]:
         c = ctx.config
         m, cap = c.judge.sampling.max_tokens, c.judge.rationale_max_chars
@@ -231,7 +307,12 @@ class JudgeStage(Stage):
         jobs = []
         for cand in ex.cands:
             cid = cand["candidate_id"]
-            req = self._request(ctx, "quality", q_schema, question=ex.question, answer=cand["text"])
+            if ex.quality.get(cid, {}).get("skipped"):  # a text rule drops it
+                continue
+            req = self._request(
+                ctx, "quality", q_schema, schemas.request_tokens(q_schema, m),
+                question=ex.question, answer=cand["text"],
+            )  # fmt: skip
             jobs.append(self._job(req, ("quality", cid), q_schema))
             req = self._request(
                 ctx, "coverage", c_schema, c_tokens,
@@ -240,22 +321,104 @@ class JudgeStage(Stage):
             jobs.append(self._job(req, ("coverage", cid), c_schema))
         return jobs
 
-    def _pairwise_jobs(self, ctx: Context, ex: _Judged) -> list[Job]:
+    def _pairwise_jobs(self, ctx: Context, ex: _Judged, pi: int, kind: str) -> list[Job]:
+        """The ``kind`` verdicts of combination ``pi`` of the shortlist, both A/B orders."""
         c = ctx.config
-        p_schema = schemas.pairwise_schema(c.judge.sampling.max_tokens, c.judge.rationale_max_chars)
+        m = c.judge.sampling.max_tokens
+        p_schema = schemas.pairwise_schema(m, c.judge.rationale_max_chars)
         texts = {cand["candidate_id"]: cand["text"] for cand in ex.cands}
+        pair = ex.pairs[pi]
+        ch, rj = texts[pair["chosen_id"]], texts[pair["rejected_id"]]
+        extra: dict[str, Any] = {"items": ex.items} if kind == "pairwise_aware" else {}
         jobs = []
-        for pi, pair in enumerate(ex.pairs):
-            ch, rj = texts[pair["chosen_id"]], texts[pair["rejected_id"]]
-            for kind in ("pairwise_aware", "pairwise_blind"):
-                extra: dict[str, Any] = {"items": ex.items} if kind == "pairwise_aware" else {}
-                for order in ORDERS:
-                    a, b = (ch, rj) if a_side(order) == "chosen" else (rj, ch)
-                    req = self._request(
-                        ctx, kind, p_schema, question=ex.question, answer_a=a, answer_b=b, **extra
-                    )
-                    jobs.append(self._job(req, ("pair", (pi, kind, order)), p_schema))
+        for order in ORDERS:
+            a, b = (ch, rj) if a_side(order) == "chosen" else (rj, ch)
+            req = self._request(
+                ctx, kind, p_schema, schemas.request_tokens(p_schema, m),
+                question=ex.question, answer_a=a, answer_b=b, **extra,
+            )  # fmt: skip
+            jobs.append(self._job(req, ("pair", (pi, kind, order)), p_schema))
         return jobs
+
+    def _view(self, ex: _Judged, pair: dict) -> PairView:
+        """A shortlisted combination as the pair stage will see it."""
+        cands = {c["candidate_id"]: c for c in ex.cands}
+        c_id, r_id = pair["chosen_id"], pair["rejected_id"]
+        return PairView(
+            example={},
+            rubric={"items": ex.items},
+            chosen=cands[c_id],
+            rejected=cands[r_id],
+            quality_chosen=ex.quality.get(c_id),
+            quality_rejected=ex.quality.get(r_id),
+            coverage_chosen=ex.coverage.get(c_id),
+            coverage_rejected=ex.coverage.get(r_id),
+            pairwise={k: pair.get(k, {}) for k in STEPS},
+            pending=frozenset(k for k in STEPS if k not in pair),
+        )
+
+    @staticmethod
+    def stop(ctx: Context) -> str:
+        """``judge.stop`` as it applies to this backend (``auto`` resolved)."""
+        stop = ctx.config.judge.stop
+        if stop != "auto":
+            return stop
+        backend = BACKENDS.get(ctx.config.backend.name)
+        return "all" if backend.answers_in_rounds(ctx.config.backend) else "first_pass"
+
+    def _advance(self, ctx: Context, ex: _Judged, filters: list[PairRule]) -> list[Job]:
+        """The next verdicts the shortlist needs, or none when it is settled: each
+        combination in turn, judged until a filter drops it or it passes, and none asked
+        once the best margin passed so far outranks what is left (``stop: all``: every
+        combination a filter does not drop, both judges at once)."""
+        mode = self.stop(ctx)
+        if mode == "all":
+            jobs: list[Job] = []
+            for pi in ex.order:
+                pair = ex.pairs[pi]
+                if run_filters(filters, self._view(ex, pair)).undecided:
+                    for kind in [k for k in STEPS if k not in pair]:
+                        pair[kind] = {}
+                        jobs += self._pairwise_jobs(ctx, ex, pi, kind)
+            return jobs
+        first = mode == "first_pass"
+        while ex.cursor < len(ex.order):
+            pi = ex.order[ex.cursor]
+            pair = ex.pairs[pi]
+            if ex.best is not None and (first or margin_bound(pair["pointwise_margin"]) < ex.best):
+                for rest in ex.order[ex.cursor :]:
+                    ex.pairs[rest]["not_asked"] = OUTRANKED
+                ex.cursor = len(ex.order)
+                break
+            view = self._view(ex, pair)
+            outcome = run_filters(filters, view)
+            unasked = [k for k in STEPS if k not in pair]
+            if outcome.undecided and unasked:
+                pair[unasked[0]] = {}
+                return self._pairwise_jobs(ctx, ex, pi, unasked[0])
+            if outcome.reason is None:
+                ex.best = max(view.margin(), ex.best if ex.best is not None else -math.inf)
+            ex.cursor += 1
+        return []
+
+    def _shortlist_and_advance(
+        self, ctx: Context, example_id: str, ex: _Judged, filters: list[PairRule]
+    ) -> list[Job]:
+        self._order(ctx, example_id, ex)
+        return self._advance(ctx, ex, filters)
+
+    def _order(self, ctx: Context, example_id: str, ex: _Judged) -> None:
+        """The shortlist, and the order it is judged in."""
+        ex.pairs = self._shortlist(ctx, example_id, ex)
+        # judged best first, ties to the smaller pair id: the order the pair stage keeps by
+        margins = [p["pointwise_margin"] for p in ex.pairs]
+        ex.order = sorted(
+            range(len(ex.pairs)),
+            key=lambda i: (
+                -(margins[i] if margins[i] is not None else -math.inf),
+                ex.pairs[i]["pair_id"],
+            ),
+        )
 
     # ---- the stage ---------------------------------------------------------------------
     async def _run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
@@ -279,6 +442,8 @@ class JudgeStage(Stage):
                 memo_new = []
 
         loop = ExampleLoop(out, self.shard_size(ctx), after_flush=store_memos)
+        filters = self.filters(ctx)
+        text_rules = self.text_rules(filters)
 
         def jobs(runner: LLMRunner) -> Iterator[Job]:
             nonlocal memo_hits
@@ -300,7 +465,14 @@ class JudgeStage(Stage):
                         loop.emit([memo["row"]])
                         continue
                     ex = _Judged(questions[ex_id], items[ex_id], cs, mkey)
-                    yield from loop.start(ex_id, self._pointwise_jobs(ctx, ex), ex)
+                    self._skip(ex, text_rules)
+                    first = self._pointwise_jobs(ctx, ex)
+                    if not first:  # every candidate dropped by a text rule: nothing to ask
+                        first = self._shortlist_and_advance(ctx, ex_id, ex, filters)
+                    if not first:
+                        loop.emit([self._row(ctx, ex_id, ex)])
+                        continue
+                    yield from loop.start(ex_id, first, ex)
                 block = []
 
         def on_outcome(st: OpenExample, key: tuple, outcome: Answer | Failure) -> list[Job]:
@@ -308,14 +480,14 @@ class JudgeStage(Stage):
             kind, what = key
             if kind == "pair":
                 self._record_pairwise(ex, what, outcome)
-                return []
-            target = ex.quality if kind == "quality" else ex.coverage
-            target[what] = self._pointwise_row(kind, outcome, ex.items)
+            else:
+                target = ex.quality if kind == "quality" else ex.coverage
+                target[what] = self._pointwise_row(kind, outcome, ex.items)
             if st.outstanding > 1:
                 return []
-            # the last pointwise verdict is in: ask for the shortlist's pairwise verdicts
-            ex.pairs = self._shortlist(ctx, st.example_id, ex)
-            return self._pairwise_jobs(ctx, ex)
+            if kind != "pair":  # the last pointwise verdict is in: the shortlist
+                return self._shortlist_and_advance(ctx, st.example_id, ex, filters)
+            return self._advance(ctx, ex, filters)
 
         def on_complete(st: OpenExample) -> tuple[list[dict], list[dict]]:
             row = self._row(ctx, st.example_id, st.state)
@@ -330,18 +502,30 @@ class JudgeStage(Stage):
             )
             llm_stats = runner.stats.as_dict()
 
-        examples = candidates = pairs_judged = parse_failures = 0
+        examples = candidates = pairs_judged = parse_failures = outranked = 0
+        skipped: dict[str, int] = {}
         for r in out.rows():
             examples += 1
-            candidates += len(r["quality"])
-            pairs_judged += len(r["pairwise"])
+            for v in r["quality"].values():
+                if v.get("skipped"):
+                    skipped[v["skipped"]] = skipped.get(v["skipped"], 0) + 1
+                else:
+                    candidates += 1
+            for p in r["pairwise"]:
+                outranked += p.get("not_asked") == OUTRANKED
+                pairs_judged += any(k in p for k in STEPS)
             parse_failures += sum(
-                1 for d in (r["quality"], r["coverage"]) for v in d.values() if not v["parse_ok"]
+                1
+                for d in (r["quality"], r["coverage"])
+                for v in d.values()
+                if not v.get("parse_ok") and not v.get("skipped")
             )
         return {
             "examples": examples,
             "candidates_judged": candidates,
+            "candidates_skipped": dict(sorted(skipped.items())),
             "pairs_judged": pairs_judged,
+            "pairs_outranked": outranked,
             "parse_failures": parse_failures,
             "resumed_examples": len(done),
             "pending_examples": loop.pending,
@@ -364,15 +548,21 @@ class JudgeStage(Stage):
     def plan_examples(
         self, ctx: Context, done: AbstractSet[str], placeholders: Placeholders
     ) -> Iterator[PlannedExample]:
-        """The pointwise requests ``run`` sends for each example and the pairwise ones of
-        its shortlist. The shortlist is the one ``run`` picks when every pointwise answer is
-        in the cache; otherwise the first combinations stand in for it (as many pairs, so
-        the count is exact; the prompts are estimates). An example whose row is kept whole
-        in the cache (the memo) sends none of them."""
+        """The pointwise requests ``run`` sends for each example (none for a candidate a
+        text rule drops, where the answers are written) and every pairwise one its
+        shortlist could need, each with the share of runs that send it: 1 where the cache
+        settles it, else by :meth:`pass_shares` (``prb plan``'s expected count; the largest
+        is every one). The shortlist is the one ``run`` picks when every pointwise answer is
+        in the cache; otherwise the first combinations stand in for it. An example whose
+        row is kept whole in the cache (the memo) sends none of them."""
         if not ctx.config.judge.enabled:
             return  # nothing is sent
         questions, items = self.prompt_inputs(ctx)
         salt = self.memo_salt(ctx)
+        filters = self.filters(ctx)
+        text_rules = self.text_rules(filters)
+        shares = self.pass_shares(ctx)
+        filler = placeholders.answer()
         for cands in self._grouped(ctx):
             ex_id = cands[0]["example_id"]
             if ex_id in done:
@@ -380,31 +570,142 @@ class JudgeStage(Stage):
             mkey = self.memo_key(salt, questions, items, cands)
             memo = ctx.cache.get_derived_many([mkey]).get(mkey)
             ex = _Judged(questions[ex_id], items[ex_id], cands, mkey)
+            if memo is not None:  # the row kept whole: the requests it was made of
+                row = memo["row"]
+                ex.quality, ex.coverage, ex.pairs = row["quality"], row["coverage"], row["pairwise"]
+                asked = self._pointwise_jobs(ctx, ex) + [
+                    j for pi, pair in enumerate(ex.pairs) for k in STEPS if k in pair
+                    for j in self._pairwise_jobs(ctx, ex, pi, k)
+                ]  # fmt: skip
+                requests = [j.request for j in asked]
+                yield PlannedExample(ex_id, requests, replayed=int(memo["requests"]))
+                continue
+            self._skip(ex, text_rules, [c for c in cands if c["text"] != filler])
             pointwise = self._pointwise_jobs(ctx, ex)
             hits = ctx.cache.get_many(j.request.key for j in pointwise)
-            guessed = False
-            try:
-                for job in pointwise:
-                    hit = hits.get(job.request.key)
-                    if hit is None or job.validate is None:
-                        raise ValueError("not cached")
-                    choice = hit.choices[0]
-                    try:
-                        reading = job.validate(job.request, choice.text)
-                    except ValueError:
-                        if job.salvage is None:
-                            raise
-                        reading = job.salvage(job.request, choice.text)
-                    answer = Answer(hit, [reading], job.request)
+            answers = [self._cached(job, hits) for job in pointwise]
+            known = all(a is not None for a in answers)
+            for job, answer in zip(pointwise, answers, strict=True):
+                if answer is not None:
                     kind, cid = job.tag
                     target = ex.quality if kind == "quality" else ex.coverage
                     target[cid] = self._pointwise_row(kind, answer, ex.items)
+            if not known:  # the shortlist waits on verdicts not in: the first ones stand in
+                for cid in [c for c in ex.quality if not ex.quality[c].get("skipped")]:
+                    ex.quality.pop(cid), ex.coverage.pop(cid, None)
+            self._order(ctx, ex_id, ex)
+            jobs, sent_share = self._plan_pairwise(ctx, ex, filters, known, shares)
+            yield PlannedExample(
+                ex_id, [j.request for j in pointwise + jobs], estimated=not known,
+                sent_share=[1.0] * len(pointwise) + sent_share,
+            )  # fmt: skip
+
+    @staticmethod
+    def _cached(job: Job, hits: Mapping[str, Any]) -> Answer | None:
+        """The cached answer of a job, read as the run reads it; None when not cached."""
+        hit = hits.get(job.request.key)
+        if hit is None or job.validate is None:
+            return None
+        text = hit.choices[0].text
+        try:
+            reading = job.validate(job.request, text)
+        except ValueError:
+            if job.salvage is None:
+                return None
+            try:
+                reading = job.salvage(job.request, text)
             except ValueError:
-                ex.quality, ex.coverage, guessed = {}, {}, True
-            ex.pairs = self._shortlist(ctx, ex_id, ex)
-            requests = [j.request for j in pointwise + self._pairwise_jobs(ctx, ex)]
-            replayed = int(memo["requests"]) if memo is not None else 0
-            yield PlannedExample(ex_id, requests, replayed=replayed, estimated=guessed)
+                return None
+        return Answer(hit, [reading], job.request)
+
+    def _plan_pairwise(
+        self,
+        ctx: Context,
+        ex: _Judged,
+        filters: list[PairRule],
+        known: bool,
+        shares: tuple[float, float],
+    ) -> tuple[list[Job], list[float]]:
+        """Every pairwise job the shortlist could need, and the share of runs that send
+        each: the run's own steps (:meth:`_advance`) while the cache answers them, then
+        by ``shares`` (the rubric-aware judge keeps a pair, the rubric-blind one keeps what
+        the aware one kept); a combination a filter drops on its pointwise verdicts, none."""
+        mode, (aware, blind) = self.stop(ctx), shares
+        reach, settled = 1.0, known
+        out: list[tuple[Job, float]] = []
+        for pi in ex.order:
+            pair = ex.pairs[pi]
+            best = ex.best if settled and mode != "all" else None
+            bound = margin_bound(pair["pointwise_margin"])
+            if best is not None and (mode == "first_pass" or bound < best):
+                reach = 0.0
+            open_ = False  # this combination reaches a step the cache does not settle
+            for kind in STEPS:
+                jobs = self._pairwise_jobs(ctx, ex, pi, kind)
+                outcome = run_filters(filters, self._view(ex, pair)) if known else None
+                if outcome is not None and not outcome.undecided:  # settled without it
+                    out += [(j, 0.0) for j in jobs]
+                    if outcome.reason is None and settled:
+                        ex.best = max(self._view(ex, pair).margin(), ex.best or -math.inf)
+                    continue
+                answers = [self._cached(j, ctx.cache.get_many([j.request.key])) for j in jobs]
+                if settled and all(a is not None for a in answers):
+                    for j, a in zip(jobs, answers, strict=True):
+                        assert a is not None
+                        self._record_pairwise(ex, j.tag[1], a)
+                    out += [(j, 0.0 if reach == 0 else 1.0) for j in jobs]
+                    continue
+                settled, open_ = False, True  # from here on, an expectation
+                asked = reach if kind == STEPS[0] or mode == "all" else reach * aware
+                out += [(j, asked) for j in jobs]
+            if open_ and mode != "all":
+                reach *= 1 - aware * blind
+        return [j for j, _ in out], [p for _, p in out]
+
+    def pass_shares(self, ctx: Context) -> tuple[float, float]:
+        """The shares ``prb plan`` expects the pairwise verdicts by: of the combinations
+        sent to the rubric-aware judge, those it keeps (the chosen preferred in both orders),
+        and of those sent on to the rubric-blind judge, those it keeps (not the chosen in
+        both): measured on this run's judged rows from 20 combinations, else
+        ``ASSUMED_SHARES``."""
+        aware = [0, 0]
+        blind = [0, 0]
+        try:
+            rows = itertools.islice(ctx.run_dir.stage(self.name).rows(), 5000)
+            for r in rows:
+                for p in r["pairwise"]:
+                    for kind, tally, keeps in (
+                        ("pairwise_aware", aware, lambda d: d == ["chosen", "chosen"]),
+                        ("pairwise_blind", blind, lambda d: d != ["chosen", "chosen"]),
+                    ):
+                        v = p.get(kind) or {}
+                        if all((v.get(o) or {}).get("parse_ok") for o in ORDERS):
+                            tally[0] += 1
+                            tally[1] += keeps([v[o].get("prefers") for o in ORDERS])
+        except PipelineError:
+            pass
+        if aware[0] < MEASURED_FROM:
+            return ASSUMED_SHARES
+        b = blind[1] / blind[0] if blind[0] >= MEASURED_FROM else ASSUMED_SHARES[1]
+        return aware[1] / aware[0], b
+
+    def plan_note(self, ctx: Context) -> str | None:
+        if not ctx.config.judge.enabled:
+            return None
+        a, b = self.pass_shares(ctx)
+        how = "measured on this run's judged rows" if (a, b) != ASSUMED_SHARES else "assumed"
+        stop = self.stop(ctx)
+        rule = {
+            "first_pass": "stops at the first combination that passes",
+            "outranked": "stops once no combination left can win (counted as first_pass: "
+            "at least this many)",
+            "all": "asks every combination the pointwise filters keep, at once",
+        }[stop]
+        return (
+            f"expected requests: the judge {rule} (judge.stop: {stop}); {a:.0%} of the "
+            f"combinations sent to the rubric-aware judge pass it and {b:.0%} of those pass the "
+            f"rubric-blind one ({how}); the requests column is the largest it could send"
+        )
 
     @staticmethod
     def _record_pairwise(ex: _Judged, key: tuple, outcome: Answer | Failure) -> None:
@@ -470,7 +771,7 @@ class JudgeStage(Stage):
                 scored.append((-m, ch["candidate_id"], rj["candidate_id"], m))
         scored.sort()
         k = ctx.config.judge.max_pairs_per_example
-        return [
+        short = [
             {
                 "pair_id": pair_id(example_id, c_id, r_id),
                 "chosen_id": c_id,
@@ -479,6 +780,7 @@ class JudgeStage(Stage):
             }
             for _, c_id, r_id, m in scored[:k]
         ]
+        return short
 
     def _row(self, ctx: Context, example_id: str, ex: _Judged) -> dict[str, Any]:
         ids = [c["candidate_id"] for c in ex.cands]

@@ -1,11 +1,16 @@
 """pairs: one chosen/rejected pair per example, or a drop with reason codes.
 
-Each judged combination runs through the configured filters in order; the first filter
-that drops it gives its reason. Of the combinations that pass, the one with the best
-margin (``pipeline.rules.verdicts.margin``) is kept; ties go to the smaller pair id. An
-example none of whose combinations pass is dropped with the reason of the combination that
-got furthest, and every combination's reason is kept on disk. Set-level filters
-(near-duplicates across the set) run last over the kept pairs.
+Each judged combination runs through the configured filters in order
+(``pipeline.rules.run_filters``); the first filter that drops it gives its reason. Of the
+combinations that pass, the one with the best margin (``PairView.margin``) is kept; ties
+go to the smaller pair id. An example none of whose combinations pass is dropped with the
+reason of the combination that got furthest, and every combination's reason is kept on
+disk. Set-level filters (near-duplicates across the set) run last over the kept pairs.
+
+The judge asks only what can still change the kept pair (``pipeline/stages/judge.py``): a
+combination it stopped asking about because one it judged already outranks it is passed
+over here (``pairs_outranked``); one whose verdicts it did not ask because an earlier
+filter drops it is dropped here by that filter, with the same reason.
 
 A kept pair is written as a full pair record (``pipeline/records.py``): the example, its
 profile and the run's ranking of it, the rubric, both answers, the judge's verdicts and the
@@ -22,35 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.dedup import profile_text
-from pipeline.filters import FILTERS, PairFilter, PairView, word_similarity
 from pipeline.ids import pair_id
 from pipeline.io import dumps, loads
 from pipeline.records import PAIR_RECORD_FIELDS
-from pipeline.rules import Rules
-from pipeline.rules.verdicts import margin as pair_margin
-from pipeline.rules.verdicts import prefers
+from pipeline.rules import PairRule, PairView, RuleSet, run_filters, word_similarity
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
 
-
-def margin(view: PairView) -> float:
-    """The margin a combination is ranked by; -inf when a verdict it needs is missing
-    (possible only without the judge_parse filter)."""
-    qc, qr = view.quality_chosen, view.quality_rejected
-    cov_chosen, cov_rejected = view.coverage_chosen, view.coverage_rejected
-    if not (qc and qr and cov_chosen and cov_rejected) or not all(
-        x.get("parse_ok") for x in (qc, qr, cov_chosen, cov_rejected)
-    ):
-        return float("-inf")
-    m = pair_margin(
-        cov_chosen["scores"],
-        cov_rejected["scores"],
-        view.rejected.get("violates") or [],
-        qc,
-        qr,
-        blind=prefers(view.pairwise, "pairwise_blind"),
-    )
-    return round(m, 4)
+PAIRWISE = ("pairwise_aware", "pairwise_blind")
+# a combination the judge did not ask about: one it judged passes with a margin this one
+# cannot reach (pipeline/stages/judge.py)
+OUTRANKED = "outranked"
 
 
 def pick(passing: list[tuple[float, str]]) -> int:
@@ -87,14 +74,11 @@ class PairStage(Stage):
         return self.input_count(ctx, "judge")  # one row per example
 
     @staticmethod
-    def rules(ctx: Context) -> Rules:
-        """The run's rules: the ``pairs`` thresholds and the answers' word cap."""
-        return Rules.from_config(ctx.config.pairs, ctx.config.responses.word_cap)
-
-    def filters(self, ctx: Context) -> list[PairFilter]:
-        # one Rules for every filter: built (patterns compiled) once per run
-        rules = self.rules(ctx)
-        return [FILTERS.get(n)(rules) for n in ctx.config.pairs.filters]
+    def filters(ctx: Context) -> list[PairRule]:
+        """The run's filters: its rules (``pairs`` thresholds and the answers' word cap,
+        built once per run) in ``pairs.filters`` order."""
+        rules = RuleSet(ctx.config.pairs, ctx.config.responses.word_cap)
+        return rules.filters(ctx.config.pairs.filters)
 
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
         filters = self.filters(ctx)
@@ -113,7 +97,7 @@ class PairStage(Stage):
         pair_drops: Counter = Counter()
         dropped: Counter = Counter()
         strategies: Counter = Counter()
-        pairs_judged = pairs_unjudged = kept_n = 0
+        pairs_judged = pairs_unjudged = pairs_outranked = kept_n = 0
         with (
             open(kept_tmp, "wb") as kept_fh,
             open(rejects_tmp, "wb") as rej_fh,
@@ -127,6 +111,9 @@ class PairStage(Stage):
                 outcomes = []
                 unjudged = (judged.get("provenance") or {}).get("judged") is False
                 for p in judged["pairwise"]:
+                    if p.get("not_asked") == OUTRANKED:
+                        pairs_outranked += 1
+                        continue
                     if unjudged:  # the judge is off (judge.enabled: false): no verdicts
                         pairs_unjudged += 1
                     else:
@@ -140,17 +127,14 @@ class PairStage(Stage):
                         quality_rejected=judged["quality"].get(p["rejected_id"]),
                         coverage_chosen=judged["coverage"].get(p["chosen_id"]),
                         coverage_rejected=judged["coverage"].get(p["rejected_id"]),
-                        pairwise={k: p.get(k, {}) for k in ("pairwise_aware", "pairwise_blind")},
+                        pairwise={k: p.get(k, {}) for k in PAIRWISE},
+                        pending=frozenset(k for k in PAIRWISE if k not in p),
                     )
-                    reason, detail, passed = None, None, 0
-                    for f in pair_filters:
-                        ok, why = f.check(view)
-                        if not ok:
-                            reason, detail = f.name, why
-                            break
-                        passed += 1
+                    reason, detail, passed, undecided = run_filters(pair_filters, view)
+                    if undecided:  # the judge did not ask what this filter reads
+                        detail = "not judged: the verdicts this filter reads were not asked"
                     if reason is None:
-                        passing.append((margin(view), view, p))
+                        passing.append((view.margin(), view, p))
                     else:
                         pair_drops[reason] += 1
                     outcomes.append(
@@ -251,6 +235,7 @@ class PairStage(Stage):
             | {k: v for k, v in dropped.items() if k not in names},
             "pairs_judged": pairs_judged,
             **({"pairs_unjudged": pairs_unjudged} if pairs_unjudged else {}),
+            **({"pairs_outranked": pairs_outranked} if pairs_outranked else {}),
             "pairs_dropped_by_filter": dict(pair_drops),
             "set_level_drops": dict(set_drops),
             "kept_by_strategy": dict(strategies),

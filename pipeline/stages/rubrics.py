@@ -34,7 +34,7 @@ TOO_FEW_TEMPLATE = (
 )
 
 
-def rubric_schema(min_items: int, max_items: int, max_tokens: int) -> dict[str, Any]:
+def rubric_schema(min_items: int, max_items: int, max_tokens: int | None) -> dict[str, Any]:
     """The rubric schema sent to the model (bounded; see pipeline/schemas.py)."""
     return schemas.rubric_schema(min_items, max_items, max_tokens)
 
@@ -230,12 +230,14 @@ class RubricStage(Stage):
             min_items=c.rubrics.min_items,
             max_items=c.rubrics.max_items,
         )
+        schema = self._schema(ctx)
         return ChatRequest.sampled(
             msgs,
             c.backend.model,
             c.rubrics.sampling,
             seed=c.run.seed,
-            json_schema=ctx.sent_schema(self._schema(ctx)),
+            max_tokens=schemas.request_tokens(schema, c.rubrics.sampling.max_tokens),
+            json_schema=ctx.sent_schema(schema),
             schema_name="rubric",
             served_by=ctx.served_by_id,
         )
