@@ -157,3 +157,80 @@ def test_sigkill_mid_responses_then_resume(tmp_path, server):
     assert sorted((r["candidate_id"], r["text"]) for r in resumed) == sorted(
         (r["candidate_id"], r["text"]) for r in ref
     )
+
+
+def _judge_count(cache: Path) -> int:
+    try:
+        db = sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=1)
+        try:
+            return db.execute("SELECT COUNT(*) FROM responses WHERE stage='judge'").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.OperationalError:
+        return 0
+
+
+def _judge_prompts(cache: Path) -> set[str]:
+    db = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT request FROM responses WHERE stage='judge'").fetchall()
+    finally:
+        db.close()
+    return {_prompt_key(json.loads(r[0])) for r in rows}
+
+
+@pytest.mark.timeout(1200)
+def test_sigkill_mid_judge_then_resume_keeps_the_same_pairs(tmp_path, server):
+    """The judge asks combination by combination (issue 51): killed in the middle, the
+    resumed run asks no verdict the cache holds again, and keeps the pairs a run never
+    killed keeps."""
+    data = tmp_path / "syn.jsonl"
+    make_synthetic_input(data, 150)
+    cfg_path = write_config(
+        tmp_path,
+        server,
+        input={"path": str(data)},
+        backend={"max_concurrency": 16},
+        responses={"n": 2, "strategies": ["avoid_all"]},
+        judge={"chunk_size": 10},
+    )
+    run_pipeline(load_config(cfg_path), until="responses", progress=False)
+    cmd = [sys.executable, "-m", "pipeline.cli", "run", str(cfg_path), "--no-progress"]
+    cache = tmp_path / "outputs" / "t" / "cache.sqlite"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 600  # generous: a busy machine starts and runs slowly
+    try:
+        while _judge_count(cache) < 600:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.time() < deadline, "the run made no progress"
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    asked_before = _judge_prompts(cache)
+    rd = RunDir(tmp_path / "outputs" / "t")
+    assert not rd.stage("judge").done, "the kill must land in the middle of the judge"
+
+    sent_before = server.request_count
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    resent = [b for b in (r["body"] for r in server.requests[sent_before:])
+              if _prompt_key(b) in asked_before]  # fmt: skip
+    assert resent == []
+    db = sqlite3.connect(cache)
+    keys = [k for (k,) in db.execute("SELECT key FROM responses WHERE stage='judge'")]
+    db.close()
+    assert len(keys) == len(set(keys))
+
+    ref_cfg = load_config(cfg_path, ["run.name=reference"])
+    run_pipeline(ref_cfg, progress=False)
+    ref = RunDir(tmp_path / "outputs" / "reference")
+    kept = sorted(r["pair_id"] for r in rd.stage("pairs").rows())
+    assert kept and kept == sorted(r["pair_id"] for r in ref.stage("pairs").rows())
+    drops = sorted((r["example_id"], r["reason"]) for r in rd.stage("pairs").rejects())
+    assert drops == sorted((r["example_id"], r["reason"]) for r in ref.stage("pairs").rejects())
+    # and the judge asked, in all, what the run never killed asked (plus what was in flight)
+    with sqlite3.connect(ref.cache_path) as db2:
+        ref_n = db2.execute("SELECT COUNT(*) FROM responses WHERE stage='judge'").fetchone()[0]
+    assert len(keys) == ref_n
