@@ -30,13 +30,16 @@ LLM_STAGES = ("responses", "judge")  # the sample config's rubrics are given
 
 
 def sample_overrides(tmp_path: Path, server: StandinServer, name: str, batch: bool) -> list[str]:
-    """configs/sample.yaml on 2 examples against ``server``; batch mode polls fast."""
+    """configs/sample.yaml on 2 examples against ``server``; batch mode polls fast. The
+    judge asks every combination at once in both (judge.stop: all, what a batch backend
+    does by default), so the two give the same rows."""
     out = [
         "input.limit=2",
         f"run.output_dir={tmp_path / 'outputs'}",
         f"run.name={name}",
         f"backend.openai.base_url={server.base_url}",
         "backend.openai.timeout_s=120",
+        "judge.stop=all",
     ]
     if batch:
         out += [

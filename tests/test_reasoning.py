@@ -458,7 +458,8 @@ def test_each_verdict_records_its_reasoning_length(tmp_path: Path) -> None:
         v
         for p in row["pairwise"]
         for k in ("pairwise_aware", "pairwise_blind")
-        for v in p[k].values()
+        for v in p.get(k, {}).values()  # the judge asks only what can change the kept pair
     ]
+    verdicts = [v for v in verdicts if not v.get("skipped")]
     assert verdicts and all(v["reasoning_tokens"] > 0 for v in verdicts)
     assert not any("Okay, let me think" in json.dumps(v) for v in verdicts)

@@ -321,7 +321,8 @@ def test_status_shows_each_backends_stages_and_spending_apart(base_run, tmp_path
     filler = "the project's stand-in server (filler answers, not a model)"
     assert spent[0].startswith(f"spent by the current backend, {filler}: 60 answers")
     assert spent[0].endswith("(responses)")
-    assert spent[1].startswith(f"spent earlier by {rule_based}: 384 answers")
+    judged = json.loads((run / "judge" / "stats.json").read_text())["llm"]["requests"]
+    assert spent[1].startswith(f"spent earlier by {rule_based}: {judged} answers")
     assert spent[1].endswith("(judge)")
 
     before = disk_state(tmp_path)
