@@ -11,13 +11,14 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.errors import InputError
 from pipeline.inputs.base import (
     DEFAULT_KEYS,
     FORMATS,
     InputFormat,
+    InputSection,
     Loc,
     PathWant,
     Unique,
@@ -29,9 +30,6 @@ from pipeline.inputs.base import (
     required,
 )
 from pipeline.io import path_kind
-
-if TYPE_CHECKING:
-    from pipeline.config import InputSection
 
 # A JSON escape of a UTF-16 surrogate; only such an escape can put one in a decoded string
 # (raw UTF-8 bytes cannot encode a surrogate, and the decode below rejects them).
