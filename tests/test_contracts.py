@@ -8,10 +8,10 @@ import pytest
 from conftest import write_config
 
 from pipeline.cli import main
-from pipeline.errors import StageError
+from pipeline.core.errors import StageError
 from pipeline.kinds.stages import ORDER, STAGES
-from pipeline.orchestrate import check_contracts
-from pipeline.records import PAIR_RECORD_FIELDS
+from pipeline.orchestration.orchestrate import check_contracts
+from pipeline.types.records import PAIR_RECORD_FIELDS
 
 
 def _stages():

@@ -24,18 +24,18 @@ from conftest import write_config
 from provider_dialects import ProviderServer, strict_problem
 from standin_server import StandinServer
 
-from pipeline import schemas
 from pipeline.backends.identity import identity_id
 from pipeline.backends.openai import dialects
 from pipeline.backends.openai.backend import server_identity
 from pipeline.backends.openai.dialects import Dialect, json_in_text, strict_schema
 from pipeline.backends.openai.wire import refused_feature
-from pipeline.chat import ChatRequest
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.kinds.settings import OpenAISettings
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen2.5-7B-Instruct"  # configs/sample.yaml's
@@ -417,7 +417,7 @@ def test_plan_never_asks_and_reads_what_the_run_found(tmp_path, capsys):
 def test_the_ray_http_engine_refuses_a_dialect_it_cannot_send():
     pytest.importorskip("ray")
     from pipeline.backends.ray_backend import RayBackend
-    from pipeline.errors import BackendError
+    from pipeline.core.errors import BackendError
     from pipeline.kinds.settings import BackendSection
 
     cfg = BackendSection(name="ray", openai={"structured_output": "json_object"})
@@ -429,7 +429,7 @@ def test_the_ray_http_engine_refuses_a_dialect_it_cannot_send():
 
 
 def test_a_request_is_bounded_and_counted_as_the_server_is_sent_it():
-    from pipeline.budget import request_bound
+    from pipeline.engine.budget import request_bound
 
     req = _req(STAGE_SCHEMAS["quality"], n=2)
     today = request_bound(req)
@@ -464,9 +464,9 @@ def test_the_plan_counts_the_prompts_a_dialect_sends_and_the_budget_bounds_them(
     message), a run told to send llama-cpp-python's form (json_object with the schema, and
     the schema stated in the prompt): the plan afterwards counts every stage's prompt
     tokens as the server reported them."""
-    from pipeline.budget import make_budget
-    from pipeline.cache import RequestCache
+    from pipeline.engine.budget import make_budget
     from pipeline.plan import estimate
+    from pipeline.run.cache import RequestCache
 
     with StandinServer() as srv:
         llama_cpp_form = {"openai": {"structured_output": "json_object_schema"}}

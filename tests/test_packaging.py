@@ -30,7 +30,7 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
         "pipeline/_data/annotation/README.md",
         "pipeline/_data/configs/quickstart.yaml",
         "pipeline/_data/examples/quickstart/cache.jsonl",
-        "pipeline/cli.py",
+        "pipeline/cli/prb.py",
     ):
         assert needed in names
     assert not any(n.startswith(("tests/", "outputs/")) for n in names)
@@ -52,7 +52,7 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
         capture_output=True,
     )
     code = (
-        "import pipeline, pipeline.resources as r, pipeline.quickstart as q; "
+        "import pipeline, pipeline.core.resources as r, pipeline.quickstart as q; "
         "print(pipeline.__file__); print(r.data_dir('prompts')); print(q.quickstart_config())"
     )
     out = subprocess.run(

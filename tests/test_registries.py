@@ -1,4 +1,4 @@
-"""Every kind the project extends is held by one registry class (pipeline/registry.py): each
+"""Every kind the project extends is held by one registry class (pipeline/core/registry.py): each
 refuses a name taken twice, an object that is not a class, a class of the wrong base and a
 class whose own name differs, and answers an unknown name with the closest one. One test
 per kind, over the live registries."""
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
+from pipeline.core.registry import Registry
 from pipeline.inputs import FORMATS, InputFormat
 from pipeline.kinds.backend import BACKENDS, Backend
 from pipeline.kinds.stages import STAGES
-from pipeline.registry import Registry
 from pipeline.rules import RULES, PairRule
 from pipeline.stages.base import Stage
 
@@ -98,7 +98,7 @@ def test_an_unknown_name_suggests_the_closest(kind):
 
 def test_a_lazy_entry_is_checked_when_imported():
     reg: Registry[type] = Registry("widget", Backend)
-    reg.register("not-a-backend", "pipeline.cache:RequestCache")
+    reg.register("not-a-backend", "pipeline.run.cache:RequestCache")
     with pytest.raises(TypeError, match=r"is not a subclass of pipeline\.kinds\.backend\.Backend"):
         reg.get("not-a-backend")
 

@@ -60,7 +60,14 @@ from pipeline.annotate.tasks import (
     project_title,
 )
 from pipeline.config import Config
-from pipeline.io import dumps, loads, path_kind, read_json, write_json_atomic, write_jsonl_atomic
+from pipeline.core.io import (
+    dumps,
+    loads,
+    path_kind,
+    read_json,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
 from pipeline.rules.verdicts import direction, prefers
 from pipeline.run import Round, RunDir
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
-from pipeline.io import read_json
+from pipeline.core.errors import InputError
+from pipeline.core.io import read_json
 from pipeline.run import RunDir
 
 # A pair's status after a round: what the votes decided (importer.py writes it).

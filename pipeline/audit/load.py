@@ -3,7 +3,7 @@
 Sources: a release folder (its ``all`` config), a run directory (its release, or the pair
 stage's kept pairs when it has none), a JSONL / JSON / parquet file, or a folder written
 by ``datasets``' ``save_to_disk``. Whatever the source, a bad row is one
-:class:`~pipeline.errors.InputError` naming the file, the line (or row) and the field, so
+:class:`~pipeline.core.errors.InputError` naming the file, the line (or row) and the field, so
 the CLI prints one line and no traceback.
 """
 
@@ -15,11 +15,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
-from pipeline.records import RecordProblem
+from pipeline.core.errors import InputError
 from pipeline.release.columns import REQUIRED_COLUMNS, build_row, check_row
 from pipeline.run import RunDir, run_of
 from pipeline.run.layout import RELEASE_ALL
+from pipeline.types.records import RecordProblem
 
 
 class Where:
@@ -83,7 +83,7 @@ class Compact:
             return row
         out = {k: row[k] for k in AUDIT_FIELDS if k in row}
         if "profile" in out:
-            from pipeline.dedup import profile_text  # numpy: only when the audit runs
+            from pipeline.rules.dedup import profile_text  # numpy: only when the audit runs
 
             text = profile_text(out["profile"])
             out["profile"] = self._profiles.setdefault(text, text) if text else None
@@ -308,7 +308,7 @@ def load_pairs(
     path = Path(path)
     if not path.exists():
         raise InputError("no such file or folder", path=path)
-    from pipeline.io import path_kind
+    from pipeline.core.io import path_kind
 
     kind = path_kind(path)
     if kind not in ("a file", "a folder"):  # a named pipe would be read forever

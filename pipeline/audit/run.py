@@ -12,7 +12,7 @@ from pipeline.audit.checks import PROBE_GATE
 from pipeline.audit.figures import Judge, analyse
 from pipeline.audit.load import load_pairs
 from pipeline.audit.report import flags_jsonl, render_html, write_files
-from pipeline.errors import InputError, PipelineError
+from pipeline.core.errors import InputError, PipelineError
 from pipeline.rules import RuleSet, audit_checks
 from pipeline.run import RunDir, run_of
 from pipeline.run.layout import RELEASE_SUMMARY

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.backends.batchstore import BatchState
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.kinds.backend import Backend, Resolve
-from pipeline.schemas import SCHEMA_BOUNDS
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
+from pipeline.types.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
     from pipeline.kinds.settings import BackendSection
@@ -107,7 +107,7 @@ class BatchFileBackend(Backend):
         answers of that request and its re-asks, so the next export asks it afresh, as
         the next `prb run` against a server would send it again. Without this a re-run
         would replay the same answers and count as a retry that never was."""
-        from pipeline.cache import INVALID_PREFIX, RequestCache
+        from pipeline.run.cache import INVALID_PREFIX, RequestCache
 
         if not self._answered or self.cache_path is None or not self.cache_path.exists():
             return

@@ -55,10 +55,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.backends.identity import plain_url
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
-from pipeline.errors import BackendError
+from pipeline.core.errors import BackendError
 from pipeline.kinds.backend import Backend, Resolve
 from pipeline.kinds.settings import RaySettings
+from pipeline.types.chat import ChatRequest, ChatResult, Choice, RequestFailure
 
 if TYPE_CHECKING:
     from pipeline.kinds.settings import BackendSection

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.backends.identity import identity_id
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.errors import BackendError
+from pipeline.core.errors import BackendError
 from pipeline.kinds.backend import Backend, Resolve
 from pipeline.kinds.settings import ReplaySettings
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 if TYPE_CHECKING:
     from pipeline.kinds.settings import BackendSection

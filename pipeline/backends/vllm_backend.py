@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.backends import reasoning
 from pipeline.backends.identity import file_sha256, folder_sha256, version
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure, reasoning_allowance
-from pipeline.errors import BackendError
+from pipeline.core.errors import BackendError
 from pipeline.kinds.backend import Backend, Resolve
 from pipeline.kinds.settings import VLLMSettings
-from pipeline.schemas import SCHEMA_BOUNDS
+from pipeline.types.chat import ChatRequest, ChatResult, Choice, RequestFailure, reasoning_allowance
+from pipeline.types.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
     from pipeline.kinds.settings import BackendSection

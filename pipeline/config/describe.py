@@ -39,7 +39,7 @@ def describe_fields(model: BaseModel | None = None, prefix: str = "") -> list[tu
 def registry_help(spec: str) -> str:
     """The entries of a registry (``"module:NAME"``) as a field's help lists them: each
     name, with its class's ``summary`` where it has one. Imports the entries: help only."""
-    from pipeline.registry import load_target
+    from pipeline.core.registry import load_target
 
     registry = load_target(spec)
     parts = []

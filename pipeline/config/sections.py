@@ -15,20 +15,20 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, SerializeAsAny, create_model, field_validator
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
+from pipeline.core.redact import public_url
+from pipeline.core.section import Section
 from pipeline.inputs import InputSection
 from pipeline.kinds.settings import BackendSection
 from pipeline.kinds.settings import check_http_url as _check_http_url
-from pipeline.redact import public_url
 from pipeline.rules import RULES, default_filters, threshold_fields
-from pipeline.section import Section
 
 STRATEGIES = ("avoid_all", "violate_one", "other_user")
 Strategy = Literal["avoid_all", "violate_one", "other_user"]
 
 
 class _Section(Section):
-    """A section of the config (the rules every section keeps: pipeline/section.py)."""
+    """A section of the config (the rules every section keeps: pipeline/core/section.py)."""
 
 
 class BudgetSection(_Section):
@@ -273,7 +273,7 @@ class JudgeSection(_Section):
         ge=40,
         le=100_000,
         description="Longest rationale a verdict schema allows (shorter when a given "
-        "max_tokens is tight; see pipeline/schemas.py).",
+        "max_tokens is tight; see pipeline/types/schemas.py).",
     )
     enabled: bool = Field(
         True,

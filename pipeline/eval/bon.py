@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, PipelineError
+from pipeline.core.errors import InputError, PipelineError
 from pipeline.eval import bonfigures
 from pipeline.eval.generative import JUDGE_SYSTEM, Answered
 
@@ -141,8 +141,8 @@ def output_folder(opts: BonOptions) -> Path:
     a new folder, an empty one, or one this command wrote (its marker); never a run, a
     stage folder, a release, a file, or a folder of the user's. This is the one place the
     command's user-named output path is decided and checked."""
+    from pipeline.core.io import path_kind
     from pipeline.eval.results import default_root
-    from pipeline.io import path_kind
     from pipeline.run import RunDir, run_of
     from pipeline.run.outputs import check_output
 
@@ -243,8 +243,8 @@ def check_ks(n: int, ks: Sequence[int] | None) -> list[int]:
 
 
 def _prompt_file(option: str, default: str, needs: tuple, fills: tuple, what: str) -> Any:
-    from pipeline.promptfiles import read_prompt_file
-    from pipeline.resources import data_dir
+    from pipeline.core.resources import data_dir
+    from pipeline.types.promptfiles import read_prompt_file
 
     path = Path(option).expanduser() if option else data_dir("prompts") / default
     return read_prompt_file(path, needs=needs, fills=fills, what=what)
@@ -345,7 +345,7 @@ def accuracy_of(
 
 
 def _read_accuracy(path: Path, setting: str, split: dict[str, Any]) -> dict[str, Any]:
-    from pipeline.io import file_digest
+    from pipeline.core.io import file_digest
 
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -393,7 +393,7 @@ def sample_requests(
     questions: Sequence[Question], prompt: Any, role: Any, opts: BonOptions
 ) -> list[Any]:
     """N requests per question, question by question, sample 0 to N-1."""
-    from pipeline.chat import ChatRequest
+    from pipeline.types.chat import ChatRequest
 
     out = []
     for q in questions:
@@ -423,11 +423,11 @@ def judge_request(q: Question, answer: str, prompt: Any, role: Any, opts: BonOpt
     """The judge's request for one answer: the reference's (its system turn, the prompt with
     {question}, {answer} and {aspects}: the aspects joined by ", "), or with
     ``--judge-format json`` the project's coverage verdict under its JSON schema."""
-    from pipeline import schemas
-    from pipeline.chat import ChatRequest
+    from pipeline.types import schemas
+    from pipeline.types.chat import ChatRequest
 
     if opts.judge_format == "json":
-        from pipeline.prompts import load_template
+        from pipeline.types.prompts import load_template
 
         cfg = role.cfg
         schema, tokens = schemas.coverage_schema(
@@ -629,8 +629,8 @@ def plan_of(prep: Prepared) -> dict[str, Any]:
     the samples (their prompts are built here and looked up in the cache); bounds for the
     scores and verdicts, whose prompts hold answers not drawn yet (each counted at the
     policy's max_tokens), and whose number depends on which answers are picked."""
-    from pipeline.cache import RequestCache
     from pipeline.plan.placeholders import NoCache
+    from pipeline.run.cache import RequestCache
 
     opts, q = prep.opts, len(prep.questions)
     cache_path = prep.out / CACHE
@@ -696,7 +696,7 @@ def plan_of(prep: Prepared) -> dict[str, Any]:
 def judge_tokens(prep: Prepared) -> int:
     """The most output tokens one judge request may take: its max_tokens, or the largest
     coverage schema's own bound over the split's rubric sizes (json, max_tokens None)."""
-    from pipeline import schemas
+    from pipeline.types import schemas
 
     opts = prep.opts
     if opts.judge_max_tokens is not None:
@@ -710,7 +710,7 @@ def reference_size(prep: Prepared, steps: dict[str, Any]) -> dict[str, Any]:
     """The same command at the reference release's size (2,830 questions, N = 16, its k
     values 1 to 16): requests and tokens from this split's per-request figures, and the
     cost at ``run.prices`` where the config gives them."""
-    from pipeline.budget import cost_usd, run_prices
+    from pipeline.engine.budget import cost_usd, run_prices
 
     opts = prep.opts
     q, n = REFERENCE_QUESTIONS, REFERENCE_N
@@ -865,8 +865,8 @@ def score_samples(
 ) -> tuple[dict[tuple[str, str], dict[str, list[float]]], dict[str, Any]]:
     """Every sample scored by every scorer in every setting: (scorer text, setting) ->
     question -> N scores; and each scorer's details."""
+    from pipeline.core.registry import load_target
     from pipeline.eval.bonscore import ScoreContext
-    from pipeline.registry import load_target
 
     ctx = ScoreContext(prep.out / CACHE, prep.opts.cfg.run.seed, prep.roles, prep.opts.progress,
                        STAGE_SCORE)  # fmt: skip
@@ -912,9 +912,9 @@ def judge_picks(
 ) -> tuple[dict[tuple[str, int], Verdict], dict[str, Any]]:
     """Each distinct picked answer judged once; identical answers to one question share
     one request, so one verdict."""
-    from pipeline import schemas
+    from pipeline.engine.llm import Answer
     from pipeline.eval.llmcalls import ask
-    from pipeline.llm import Answer
+    from pipeline.types import schemas
 
     by_key = {q.key: q for q in prep.questions}
     order = sorted(wanted, key=lambda x: (list(by_key).index(x[0]), x[1]))
@@ -973,7 +973,7 @@ def run_bon(opts: BonOptions, echo: Callable[[str], Any] = print) -> dict[str, A
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
         if not (out / MARKER).is_file():
-            from pipeline.io import write_json_atomic
+            from pipeline.core.io import write_json_atomic
 
             write_json_atomic(out / MARKER, {"written_by": "prb eval bon"})
         samples, sample_stats = draw_samples(prep)
@@ -1120,9 +1120,14 @@ def write_outputs(
     verdicts: dict[tuple[str, int], Verdict],
 ) -> dict[str, Any]:
     """Write every file; bon.json last, naming each table with its SHA-256."""
+    from pipeline.core.io import (
+        file_digest,
+        write_json_atomic,
+        write_jsonl_atomic,
+        write_text_atomic,
+    )
     from pipeline.eval.bonreport import render_report
     from pipeline.eval.correlate import correlate
-    from pipeline.io import file_digest, write_json_atomic, write_jsonl_atomic, write_text_atomic
 
     out, opts = prep.out, prep.opts
     subset = {q.key: q.subset for q in prep.questions}

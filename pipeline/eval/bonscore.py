@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.io import crash_point
 from pipeline.eval.generative import Answered
-from pipeline.io import crash_point
 
 SCORE_CHUNK = 512  # answers scored, then committed, at a time
 DERIVED_KIND = "bon-rm-score"
@@ -49,7 +49,7 @@ def rm_fingerprint(spec: Any) -> str:
     """What decides a reward model's scores besides its input: its folder's content, the
     options that change a figure (its result-folder name) and the libraries' versions."""
     from pipeline.backends.identity import folder_sha256, version
-    from pipeline.ids import content_hash
+    from pipeline.core.ids import content_hash
 
     folder = Path(spec.target).expanduser()
     return content_hash(
@@ -58,8 +58,8 @@ def rm_fingerprint(spec: Any) -> str:
 
 
 def rm_scores(spec: Any, items: Sequence[Answered], ctx: ScoreContext) -> ScoredAnswers:
-    from pipeline.cache import RequestCache
-    from pipeline.ids import content_hash
+    from pipeline.core.ids import content_hash
+    from pipeline.run.cache import RequestCache
 
     fp = rm_fingerprint(spec)
     keys = [content_hash([fp, it.user_turn, it.answer], 32) for it in items]

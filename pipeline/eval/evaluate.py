@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
+from pipeline.core.registry import load_target
 from pipeline.eval import metrics
 from pipeline.eval.data import (
     DEFAULT_SETTINGS,
@@ -27,10 +28,9 @@ from pipeline.eval.data import (
 )
 from pipeline.eval.results import SCHEMA_VERSION, check_root, default_root, write_results
 from pipeline.eval.spec import ScorerSpec, check_prompt_settings, check_unique_names
-from pipeline.prompts import load_template
-from pipeline.registry import load_target
 from pipeline.run import RunDir
 from pipeline.run.outputs import enclosing_run, run_role
+from pipeline.types.prompts import load_template
 
 
 @dataclass(frozen=True)

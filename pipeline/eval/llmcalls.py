@@ -5,7 +5,7 @@ scorer) share.
 A ``Role`` is identified before anything is sent (``identify_role``): the backend's identity
 (part of every request's key, ``pipeline/backends/identity.py``) and its preflight, so a
 server that is down is one line before a file is written. ``ask`` sends requests through
-``pipeline.llm.LLMRunner`` (cache first; answers committed before they are handed over, so
+``pipeline.engine.llm.LLMRunner`` (cache first; answers committed before they are handed over, so
 a kill loses only what was in flight), sends a request repeated in the list once, and
 returns each request's outcome in order.
 """
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.chat import ChatRequest
-from pipeline.llm import Answer, Failure, Validator
+from pipeline.engine.llm import Answer, Failure, Validator
+from pipeline.types.chat import ChatRequest
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def identify_role(
     warning (answers may all be there), as for a run."""
     from pipeline.backends.factory import preflight
     from pipeline.backends.identity import identify, identity_id
-    from pipeline.errors import BackendError
+    from pipeline.core.errors import BackendError
 
     try:
         warning = preflight(cfg.backend, cfg.resolve_input, cached=cached)
@@ -91,8 +91,8 @@ def ask(
     (no re-ask of an answer cut at max_tokens: the reference keeps them, and a sample is a
     sample); JSON ones are re-asked ``max_reasks`` times when they do not validate."""
     from pipeline.backends.factory import make_backend
-    from pipeline.cache import RequestCache
-    from pipeline.llm import LLMRunner
+    from pipeline.engine.llm import LLMRunner
+    from pipeline.run.cache import RequestCache
 
     first: dict[str, int] = {}
     unique: list[ChatRequest] = []

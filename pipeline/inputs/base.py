@@ -15,11 +15,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from pipeline.errors import InputError
-from pipeline.fields import visible_text
-from pipeline.ids import stable_id
-from pipeline.registry import Registry
-from pipeline.section import Section
+from pipeline.core.errors import InputError
+from pipeline.core.fields import visible_text
+from pipeline.core.ids import stable_id
+from pipeline.core.registry import Registry
+from pipeline.core.section import Section
 
 # What a configured path must be (checked when the config loads, before anything opens it).
 PathWant = Literal["file", "folder or parquet file"]
@@ -90,7 +90,7 @@ class InputFormat:
 
 
 class FormatRegistry(Registry[type[InputFormat]]):
-    """Input format names -> reader classes (pipeline/registry.py's checks). Built-in
+    """Input format names -> reader classes (pipeline/core/registry.py's checks). Built-in
     formats are ``"module:Class"`` strings imported on first use (``datasets`` stays out
     of a JSONL run); a class given directly is checked at once."""
 

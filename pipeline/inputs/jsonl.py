@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
+from pipeline.core.io import path_kind
 from pipeline.inputs.base import (
     DEFAULT_KEYS,
     FORMATS,
@@ -29,7 +30,6 @@ from pipeline.inputs.base import (
     question_fields,
     required,
 )
-from pipeline.io import path_kind
 
 # A JSON escape of a UTF-16 surrogate; only such an escape can put one in a decoded string
 # (raw UTF-8 bytes cannot encode a surrogate, and the decode below rejects them).

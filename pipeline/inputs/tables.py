@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
+from pipeline.core.io import path_kind
+from pipeline.core.modelfiles import hub_reachable as _hub_reachable
 from pipeline.inputs.base import (
     DEFAULT_KEYS,
     FIELDS,
@@ -32,8 +34,6 @@ from pipeline.inputs.base import (
     question_fields,
     required,
 )
-from pipeline.io import path_kind
-from pipeline.modelfiles import hub_reachable as _hub_reachable
 
 # Our field names that a table source may map to its own column names.
 HF_FIELDS = FIELDS

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.errors import BackendError
-from pipeline.registry import Registry
+from pipeline.core.errors import BackendError
+from pipeline.core.registry import Registry
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 if TYPE_CHECKING:
     from pipeline.kinds.settings import BackendSection, Settings
@@ -262,7 +262,7 @@ class Backend(abc.ABC):
 
 
 class BackendRegistry(Registry[type[Backend]]):
-    """Name -> backend class (pipeline/registry.py's checks), plus what a run records of
+    """Name -> backend class (pipeline/core/registry.py's checks), plus what a run records of
     every registered backend."""
 
     def answers_new(self, name: str) -> bool:

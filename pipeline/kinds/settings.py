@@ -18,12 +18,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.section import Section
+from pipeline.core.section import Section
 
 
 class Settings(Section):
     """A backend's config section: unknown keys, inf/nan and a bool for a number refused
-    (pipeline/section.py, as every section of pipeline/config/sections.py)."""
+    (pipeline/core/section.py, as every section of pipeline/config/sections.py)."""
 
     # the model a backend uses when backend.model is left out; None: the shared default
     default_model: ClassVar[str | None] = None
@@ -485,7 +485,7 @@ class BackendSection(Settings):
 
     def public(self, data: dict[str, Any]) -> dict[str, Any]:
         """``data`` (this section dumped) with the URLs' credentials masked."""
-        from pipeline.redact import public_url
+        from pipeline.core.redact import public_url
 
         for name, s in self.sections().items():
             for f in s.url_fields:
@@ -539,7 +539,7 @@ class BackendSection(Settings):
     @field_validator("name")
     @classmethod
     def _known_backend(cls, v: str) -> str:
-        from pipeline.errors import ConfigError
+        from pipeline.core.errors import ConfigError
         from pipeline.kinds.backend import BACKENDS
 
         try:

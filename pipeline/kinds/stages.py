@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.registry import Registry
+from pipeline.core.registry import Registry
 
 if TYPE_CHECKING:
     from pipeline.stages.base import Stage

@@ -10,18 +10,18 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeline.backends.openai.dialects import Dialect, of_identity
-from pipeline.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, output_bound
 from pipeline.config import Config
-from pipeline.errors import BackendError
+from pipeline.core.errors import BackendError
+from pipeline.engine.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
 from pipeline.kinds.backend import BACKENDS
 from pipeline.plan.counters import TokenCounter, WordCounter, choose_counter
 from pipeline.plan.placeholders import NoCache, make_filler
 from pipeline.plan.result import Figures, Plan, StageEstimate
 from pipeline.plan.throughput import throughput
 from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
 from pipeline.stages.base import Context, PlannedExample, Stage
+from pipeline.types.chat import ChatRequest, output_bound
 
 LOOKUP_BATCH = 900
 
@@ -175,7 +175,7 @@ class _IngestRows:
         if self.action == "skip":
             yield from ctx.run_dir.stage("ingest").rows()
             return
-        from pipeline.ingest import iter_examples
+        from pipeline.inputs.ingest import iter_examples
         from pipeline.stages.ingest import IngestStage
 
         views = self._views
@@ -230,8 +230,8 @@ def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
 def _largest_schema_tokens(ctx: Context) -> int:
     """About how many prompt tokens the largest JSON schema this config sends adds when it
     is stated in the system message (four characters a token)."""
-    from pipeline import schemas
     from pipeline.backends.openai.dialects import schema_statement
+    from pipeline.types import schemas
 
     c = ctx.config
     j, r = c.judge, c.rubrics
@@ -259,7 +259,7 @@ def estimate(
     if nothing had run yet (no run directory, no cache): what the plan said before the run,
     which a finished stage's actual figures are compared with."""
     from pipeline.kinds.stages import ORDER, STAGES
-    from pipeline.orchestrate import check_contracts, plan_stages
+    from pipeline.orchestration.orchestrate import check_contracts, plan_stages
 
     t0 = time.perf_counter()
     names = plan_stages(until, only)
@@ -287,7 +287,7 @@ def _estimate(
     tokens_per_second: float | None,
     t0: float,
 ) -> Plan:
-    from pipeline.orchestrate import make_plan
+    from pipeline.orchestration.orchestrate import make_plan
 
     config, rd, cache = ctx.config, ctx.run_dir, ctx.cache
     assert ctx.planned_rows is not None
@@ -328,7 +328,7 @@ def _estimate(
 
     ingest_plan = plans[0]
     if ingest_plan.action != "skip":
-        from pipeline.profile import check_ranker_installed
+        from pipeline.types.profile import check_ranker_installed
 
         # the plan ranks profiles as ingest would: a missing ranker extra is one line
         check_ranker_installed(config.profile.ranker)

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, PipelineError, RunDirError
-from pipeline.io import read_json
+from pipeline.core.errors import InputError, PipelineError, RunDirError
+from pipeline.core.io import read_json
 from pipeline.run import RunDir, StageDir
 from pipeline.run.layout import RELEASE_SUMMARY
 
@@ -59,7 +59,7 @@ def summary_of(folder: Path) -> dict[str, Any] | None:
 def stage_identity(sd: StageDir) -> dict[str, Any] | None:
     """A stage's identity: its fingerprint and the content id of its finished data (None
     when it never started)."""
-    from pipeline.orchestrate import content_id
+    from pipeline.orchestration.orchestrate import content_id
 
     meta = sd.meta
     if meta is None:
@@ -157,7 +157,7 @@ def _moved_on(rd: RunDir) -> tuple[StageDir, str] | None:
     """The first stage (in run order) whose data is no longer what the finished pair stage
     was built from, and how: unfinished, re-done since, or started again with other
     settings. None when the pair stage is not finished (its reader says so)."""
-    from pipeline.orchestrate import content_id
+    from pipeline.orchestration.orchestrate import content_id
 
     pairs = rd.stage("pairs")
     marker = pairs.marker() if pairs.done else None

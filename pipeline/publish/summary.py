@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.backends.identity import describe
-from pipeline.promptfiles import FILE_VERSION
 from pipeline.publish.recorded import built_from
 from pipeline.release.columns import json_text, sampling_of, templates_of
 from pipeline.run import RunDir
+from pipeline.types.promptfiles import FILE_VERSION
 
 if TYPE_CHECKING:
     from pipeline.config import Config
@@ -128,9 +128,9 @@ def _in_order(seen: dict[str, Any]) -> list[Any]:
 
 def card_ledger(rd: RunDir, config: Config | None) -> dict[str, Any]:
     """What building the run took, for the card's ledger section: per LLM stage, what its
-    backend answered over the run's life (pipeline/budget.py), with the cost at the run's
+    backend answered over the run's life (pipeline/engine/budget.py), with the cost at the run's
     prices when they are set."""
-    from pipeline.budget import run_ledger
+    from pipeline.engine.budget import run_ledger
 
     return run_ledger(rd, config.run.prices if config is not None else None)
 

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import RunDirError, StageError
-from pipeline.io import (
+from pipeline.core.errors import RunDirError, StageError
+from pipeline.core.io import (
     crash_point,
     file_digest,
     loads,
@@ -197,7 +197,7 @@ class StageDir:
     @staticmethod
     def wrote(name: str) -> bool:
         """Whether a file of this name in a stage folder is one a stage writes: its fixed
-        files, its shards, and the temporary files of either (pipeline/io.py)."""
+        files, its shards, and the temporary files of either (pipeline/core/io.py)."""
         if name.startswith(".") and name.endswith(".tmp"):
             name = name[1:].rsplit(".", 2)[0]  # ".data-00001.jsonl.k3j9x.tmp"
         return name in layout.STAGE_FILES or bool(layout.SHARD_RE.match(name))

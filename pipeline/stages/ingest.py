@@ -12,7 +12,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
 
@@ -50,7 +50,7 @@ class IngestStage(Stage):
     def _inputs(self, ctx: Context) -> list[Path]:
         """The files or folders the configured format reads (none for a Hub dataset: its
         name, configs, split and revision are in the settings)."""
-        from pipeline.ingest import reader
+        from pipeline.inputs.ingest import reader
 
         return reader(ctx.config.input, ctx.config.resolve_input).sources()
 
@@ -74,7 +74,7 @@ class IngestStage(Stage):
     @staticmethod
     def profile_view(ctx: Context, example: dict[str, Any]) -> dict[str, Any]:
         """The configured ranker's top posts of one example (indices into its profile)."""
-        from pipeline.profile import rank_profile
+        from pipeline.types.profile import rank_profile
 
         p = ctx.config.profile
         order = rank_profile(
@@ -86,12 +86,12 @@ class IngestStage(Stage):
         """The examples the input holds as its format counts them (a JSONL file's non-blank
         lines, a dataset's rows: cheap, nothing is validated; the run validates), capped at
         input.limit."""
-        from pipeline.ingest import expected_examples
+        from pipeline.inputs.ingest import expected_examples
 
         return expected_examples(ctx.config.input, ctx.config.resolve_input)
 
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
-        from pipeline.ingest import iter_examples
+        from pipeline.inputs.ingest import iter_examples
 
         # resumable like every stage: examples already in a shard are not written again
         done = out.done_examples()

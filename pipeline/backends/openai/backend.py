@@ -57,11 +57,11 @@ from pipeline.backends.openai.wire import (
     refusal_of,
     retry_after_seconds,
 )
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure, reasoning_allowance
-from pipeline.errors import BackendError
+from pipeline.core.errors import BackendError
 from pipeline.kinds.backend import Backend, RequestFeed, Resolve, TokenCount
 from pipeline.kinds.settings import OpenAISettings
-from pipeline.schemas import SCHEMA_BOUNDS
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure, reasoning_allowance
+from pipeline.types.schemas import SCHEMA_BOUNDS
 
 if TYPE_CHECKING:
     from pipeline.kinds.settings import BackendSection

@@ -40,10 +40,10 @@ import openai
 from tenacity import AsyncRetrying
 
 from pipeline.backends.openai.lines import Parsed, read_results, request_line
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.errors import BackendError
-from pipeline.io import read_json, write_json_atomic
+from pipeline.core.errors import BackendError
+from pipeline.core.io import read_json, write_json_atomic
 from pipeline.kinds.backend import RequestFeed
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 if TYPE_CHECKING:
     from pipeline.backends.openai.backend import OpenAIBackend
@@ -337,7 +337,7 @@ class BatchRunner:
             if exc.status_code in (401, 403):
                 raise auth_error(self.server, exc.status_code, exc.message) from None
             if exc.status_code in (404, 405):
-                from pipeline.redact import public_url
+                from pipeline.core.redact import public_url
 
                 raise BackendError(
                     f"the server at {public_url(self.server.base_url)} has no Batch API "
@@ -482,7 +482,7 @@ class BatchRunner:
     ) -> AsyncIterator[tuple[Any, ChatResult | RequestFailure]]:
         """Poll the claimed batches until each is final; hand over each one's outcomes as
         it ends, and put what should be sent again into ``retry``."""
-        from pipeline.progress import BatchProgress
+        from pipeline.core.progress import BatchProgress
 
         by_local = {r["local"]: r for r in self.records}
         active = [by_local[local] for local in claims]
@@ -545,7 +545,7 @@ class BatchRunner:
             content = await self._call(
                 f"the download of {file_id}", self.client.files.content, file_id
             )
-            from pipeline.io import atomic_open
+            from pipeline.core.io import atomic_open
 
             with atomic_open(self.ledger.results(rec, kind), "wb") as fh:
                 fh.write(content.content)

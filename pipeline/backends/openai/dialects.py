@@ -11,7 +11,7 @@ ignore ``response_format``. Newer OpenAI models refuse ``max_tokens`` (they want
 A :class:`Dialect` turns a request into the body (or, where ``n`` > 1 is not served, the
 bodies) such a server takes, and its answers back into what the runner validates. The
 request itself, its cache key and its full schema never change: every answer is checked
-against the full schema on our side (pipeline/schemas.py) and re-asked as always. What a
+against the full schema on our side (pipeline/types/schemas.py) and re-asked as always. What a
 dialect leaves out of ``response_format`` is stated in the prompt instead.
 
 ``auto`` asks the server once per run, with a small request shaped like the run's own
@@ -37,8 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.backends.openai.wire import error_text, refused_feature, short_message
-from pipeline.chat import ChatRequest, ChatResult
-from pipeline.errors import BackendError, ConfigError
+from pipeline.core.errors import BackendError, ConfigError
 from pipeline.kinds.dialect import (
     DIALECTS,
     SETTING,
@@ -47,6 +46,7 @@ from pipeline.kinds.dialect import (
     probe_order,
     prompt_only,
 )
+from pipeline.types.chat import ChatRequest, ChatResult
 
 if TYPE_CHECKING:
     from pipeline.kinds.settings import OpenAISettings
@@ -429,7 +429,7 @@ def refusal_error(cfg: OpenAISettings, model: str, dialect: Dialect, exc: BaseEx
     request would be refused the same way): what it refused, and what to do. Under auto the
     run's record of what the server takes is dropped, so the next run asks it again."""
     from pipeline.backends.identity import plain_url
-    from pipeline.redact import redact
+    from pipeline.core.redact import redact
 
     status = getattr(exc, "status_code", "?")
     said = redact(short_message(error_text(exc)))[:200]
@@ -457,7 +457,7 @@ def refusal_error(cfg: OpenAISettings, model: str, dialect: Dialect, exc: BaseEx
 # ---- the probe -----------------------------------------------------------------------------
 
 # A small request shaped like the run's: a closed schema with the keywords the stages'
-# schemas use (pipeline/schemas.py, rubrics/rubric.schema.json), n = 2 and a seed. The
+# schemas use (pipeline/types/schemas.py, rubrics/rubric.schema.json), n = 2 and a seed. The
 # prompt does not ask for JSON, so a server that ignores response_format shows it.
 PROBE_SCHEMA: dict[str, Any] = {
     "title": "Probe",
@@ -547,7 +547,7 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
     or ignored ``n`` > 1, no seed for a refused one. An explicit structured output the
     server refuses is a ConfigError; a server that cannot say (down, another error) leaves
     ``first`` as it is."""
-    from pipeline.redact import redact
+    from pipeline.core.redact import redact
 
     auto = cfg.structured_output == "auto"
     d, notes, transient = first, [], 0
@@ -653,7 +653,7 @@ def without_probing() -> Iterator[None]:
 
 
 def _memo_key(cfg: OpenAISettings, model: str) -> str:
-    from pipeline.ids import content_hash
+    from pipeline.core.ids import content_hash
 
     where = {"url": _url(cfg), "model": model, "setting": cfg.structured_output}
     return content_hash({**where, "probe": PROBE_VERSION, "kind": "dialect"})
@@ -662,8 +662,8 @@ def _memo_key(cfg: OpenAISettings, model: str) -> str:
 def _recorded(cache_path: Path | None, key: str) -> Dialect | None:
     if cache_path is None or not Path(cache_path).is_file():
         return None
-    from pipeline.cache import RequestCache
-    from pipeline.errors import CacheError
+    from pipeline.core.errors import CacheError
+    from pipeline.run.cache import RequestCache
 
     try:
         with RequestCache(cache_path, readonly=True) as cache:
@@ -734,8 +734,8 @@ def keep(cfg: OpenAISettings, cache_path: Path | None) -> None:
     ]  # fmt: skip
     if not items:
         return
-    from pipeline.cache import RequestCache
-    from pipeline.errors import CacheError
+    from pipeline.core.errors import CacheError
+    from pipeline.run.cache import RequestCache
 
     try:
         with RequestCache(cache_path) as cache:
@@ -751,7 +751,7 @@ def forget(cfg: OpenAISettings, model: str, cache_path: Path | None) -> None:
     """Drop what was found for ``model`` (the server refused it after all)."""
     _FOUND.pop((str(cache_path), _url(cfg), model, cfg.structured_output), None)
     if cache_path is not None and Path(cache_path).is_file():
-        from pipeline.cache import RequestCache
+        from pipeline.run.cache import RequestCache
 
         with contextlib.suppress(Exception), RequestCache(cache_path) as cache:
             cache.put_derived(_memo_key(cfg, model), "dialect", None)

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config, load_config
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.run import RunDir
 
 
 def quickstart_config() -> Path:
     """configs/quickstart.yaml from a checkout, or the copy packaged in the wheel."""
-    pkg = Path(__file__).resolve().parent
+    pkg = Path(__file__).resolve().parents[1]  # pipeline/
     for candidate in (
         pkg / "_data" / "configs" / "quickstart.yaml",
         pkg.parent / "configs" / "quickstart.yaml",
@@ -54,7 +54,7 @@ def run_quickstart(
     skipped with the reason (``res["kept"]`` is 0)."""
     from pipeline.annotate.export import export_round
     from pipeline.audit import audit
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
     from pipeline.publish import publish
     from pipeline.run.outputs import check_output
 
@@ -136,7 +136,7 @@ def next_steps(res: dict[str, Any]) -> str:
     configs = ", ".join(k for k in res["publish"].get("configs", {}) if k != "all")
     # a checkout: the working folder when it is one, else the one this package runs from
     root = next(
-        (r for r in (Path.cwd(), Path(__file__).resolve().parent.parent)
+        (r for r in (Path.cwd(), Path(__file__).resolve().parents[2])
          if (r / "tests" / "standin_server.py").exists()),
         Path.cwd(),
     )  # fmt: skip

@@ -14,7 +14,7 @@ token is at least one byte in every tokenizer the backends use), an answer as
 a schema stated in the prompt, a prompt per choice where ``n`` is split). A request whose
 bound could take the run past a limit waits until answers in flight replace their bounds
 by their real usage; when nothing is in flight and it still does not fit, the stage stops with
-:class:`~pipeline.errors.BudgetReached` (everything answered is kept). The bound is
+:class:`~pipeline.core.errors.BudgetReached` (everything answered is kept). The bound is
 conservative, so a run stops somewhat below its budget, never above it.
 """
 
@@ -24,14 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure, output_bound
-from pipeline.errors import BudgetReached
+from pipeline.core.errors import BudgetReached
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure, output_bound
 
 if TYPE_CHECKING:
     from pipeline.backends.openai.dialects import Dialect
-    from pipeline.cache import RequestCache
     from pipeline.config import Config, PricesSection
     from pipeline.run import RunDir
+    from pipeline.run.cache import RequestCache
 
 # chat-template tokens a message may add around its content (role markers, separators)
 TEMPLATE_TOKENS_PER_MESSAGE = 16
@@ -102,7 +102,7 @@ def backend_spend(cache: RequestCache, served_by: str) -> Spend:
 
 
 class Budget:
-    """The admission check of one stage's runner (pipeline/llm.py)."""
+    """The admission check of one stage's runner (pipeline/engine/llm.py)."""
 
     def __init__(
         self,
@@ -267,8 +267,8 @@ def run_ledger(rd: RunDir, prices: PricesSection | None) -> dict[str, Any]:
     its stage.json records) answered as the cache holds it, failures recorded, the latest
     invocation's figures from stats.json, and totals. Empty without a cache."""
     from pipeline.backends.identity import identity_id
-    from pipeline.cache import RequestCache
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
+    from pipeline.run.cache import RequestCache
 
     if not rd.cache_path.is_file():
         return {}

@@ -21,7 +21,7 @@ import importlib.util
 import marshal
 from collections.abc import Callable
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 __all__ = [
     "code_closure",

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.chat import ChatRequest, ChatResult
-from pipeline.errors import CacheError
-from pipeline.io import crash_point, dumps, loads
+from pipeline.core.errors import CacheError
+from pipeline.core.io import crash_point, dumps, loads
+from pipeline.types.chat import ChatRequest, ChatResult
 
 # Every table a request cache of prb's holds, in any version (pipeline/run/rundir.py tells
 # an older run's cache.sqlite from a user's database by them); SQLite's own tables beside.
@@ -151,14 +151,14 @@ _LOOKUP_CHUNK = 900  # below SQLite's default limit of 999 bound parameters
 
 def repair_command(path: Path) -> str:
     """The command that repairs this cache: its run directory, shell-quoted."""
-    from pipeline.cliargs import command_line
+    from pipeline.core.cliargs import command_line
 
     return command_line(["prb", "cache", "repair", path.parent])
 
 
 def _redact(text: str) -> str:
     try:
-        from pipeline.redact import redact
+        from pipeline.core.redact import redact
     except ImportError:  # pragma: no cover - the module ships with the package
         return text
     return redact(text)
@@ -453,7 +453,7 @@ class RequestCache:
                 entry["errors"], entry["failed_keys"] = n, k
         return out
 
-    # ---- the ledger (read-only; pipeline/budget.py) ------------------------------------
+    # ---- the ledger (read-only; pipeline/engine/budget.py) ------------------------------------
     def ledger(self, stage: str | None = None) -> list[dict[str, Any]]:
         """What was received, as the cache holds it: per stage and answering backend
         (``served_by``, the id every request carries), the answers, their choices, prompt

@@ -24,9 +24,9 @@ from importlib import metadata
 from typing import Any
 
 from pipeline.config import Config
-from pipeline.errors import BudgetReached, ConfigError, StageError, Unanswered
-from pipeline.ids import content_hash
-from pipeline.io import remove_strays
+from pipeline.core.errors import BudgetReached, ConfigError, StageError, Unanswered
+from pipeline.core.ids import content_hash
+from pipeline.core.io import remove_strays
 from pipeline.kinds.stages import ORDER, STAGES
 from pipeline.run import RunDir, RunLock, StageDir
 from pipeline.stages.base import Context, Stage
@@ -268,8 +268,8 @@ def _preflight(ctx: Context, plans: list[StagePlan], echo: Callable[[str], None]
         if p.action == "redo":
             ctx.run_dir.stage(p.name).check_clearable()  # before anything changes
     if any(p.name == "ingest" and p.action != "skip" for p in plans):
-        from pipeline.ingest import check_input
-        from pipeline.profile import check_ranker_installed
+        from pipeline.inputs.ingest import check_input
+        from pipeline.types.profile import check_ranker_installed
 
         # bad input, and a ranker whose extra is missing, are refused before the run
         # directory is created or changed
@@ -457,8 +457,8 @@ def dropped_before(rd: RunDir) -> dict[str, dict[str, int]]:
 
 
 def _ledger(ctx: Context, name: str, llm: dict[str, Any] | None) -> dict[str, Any]:
-    """A stage's ledger for its stats.json (pipeline/budget.py)."""
-    from pipeline.budget import run_prices, stage_ledger
+    """A stage's ledger for its stats.json (pipeline/engine/budget.py)."""
+    from pipeline.engine.budget import run_prices, stage_ledger
 
     prices = run_prices(ctx.config)  # the batch rates when the backend sends batches
     return stage_ledger(ctx.cache, name, ctx.served_by_id, prices, llm)
