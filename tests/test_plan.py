@@ -222,7 +222,7 @@ def test_the_gguf_tokenizer_counts_what_llama_cpp_reports(tmp_path, server):
     import llama_cpp
 
     from pipeline.backends.gguf import gguf_token_count
-    from pipeline.kinds.stages import STAGES
+    from pipeline.stages import STAGES
     from pipeline.stages.base import Context
 
     cfg = write_config(tmp_path, server, rubrics={"source": "generated"})

@@ -13,8 +13,8 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.registry import Registry
 from pipeline.inputs import FORMATS, InputFormat
 from pipeline.kinds.backend import BACKENDS, Backend
-from pipeline.kinds.stages import STAGES
 from pipeline.rules import RULES, PairRule
+from pipeline.stages import STAGES
 from pipeline.stages.base import Stage
 
 

@@ -15,7 +15,8 @@ from conftest import write_config
 
 from pipeline.cli import main
 from pipeline.core import sourcehash
-from pipeline.kinds.stages import ORDER, STAGES
+from pipeline.kinds.stages import ORDER
+from pipeline.stages import STAGES
 
 ORIGINAL = sourcehash.read_source
 

@@ -27,8 +27,9 @@ from pipeline.config import Config
 from pipeline.core.errors import BudgetReached, ConfigError, StageError, Unanswered
 from pipeline.core.ids import content_hash
 from pipeline.core.io import remove_strays
-from pipeline.kinds.stages import ORDER, STAGES
+from pipeline.kinds.stages import ORDER
 from pipeline.run import RunDir, RunLock, StageDir
+from pipeline.stages import STAGES
 from pipeline.stages.base import Context, Stage
 
 # besides each backend's own (Backend.libraries)

@@ -258,8 +258,9 @@ def estimate(
     """Plan the run ``config`` describes; writes nothing, sends no request. ``fresh``: as
     if nothing had run yet (no run directory, no cache): what the plan said before the run,
     which a finished stage's actual figures are compared with."""
-    from pipeline.kinds.stages import ORDER, STAGES
+    from pipeline.kinds.stages import ORDER
     from pipeline.orchestration.orchestrate import check_contracts, plan_stages
+    from pipeline.stages import STAGES
 
     t0 = time.perf_counter()
     names = plan_stages(until, only)
