@@ -59,7 +59,8 @@ if str(ROOT) not in sys.path:
 from pipeline.backends import llamacpp_backend as lb  # noqa: E402
 from pipeline.core.io import write_json_atomic  # noqa: E402
 from pipeline.engine.llm import Answer, LLMRunner  # noqa: E402
-from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection  # noqa: E402
+from pipeline.kinds.backend import BackendSection  # noqa: E402
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL  # noqa: E402
 from pipeline.run.cache import RequestCache  # noqa: E402
 from pipeline.stages.responses import derive_seed  # noqa: E402
 from pipeline.types import schemas  # noqa: E402

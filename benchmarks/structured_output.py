@@ -78,7 +78,8 @@ import _smoke  # noqa: E402
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.core.io import write_json_atomic  # noqa: E402
-from pipeline.kinds.settings import BackendSection, VLLMSettings  # noqa: E402
+from pipeline.kinds.backend import BackendSection  # noqa: E402
+from pipeline.kinds.settings import VLLMSettings  # noqa: E402
 from pipeline.types import schemas  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "structured_output.json"

@@ -70,7 +70,7 @@ if str(ROOT) not in sys.path:
 
 from pipeline.core.io import write_json_atomic  # noqa: E402
 from pipeline.engine.llm import Answer, Job, LLMRunner  # noqa: E402
-from pipeline.kinds.settings import BackendSection  # noqa: E402
+from pipeline.kinds.backend import BackendSection  # noqa: E402
 from pipeline.kinds.settings import VLLMSettings as VLLMSection  # noqa: E402
 from pipeline.run.cache import RequestCache  # noqa: E402
 from pipeline.stages.responses import derive_seed  # noqa: E402

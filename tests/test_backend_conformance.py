@@ -27,8 +27,8 @@ from pipeline.backends.ray_backend import RayBackend
 from pipeline.backends.replay import ReplayBackend
 from pipeline.backends.vllm_backend import VLLMBackend
 from pipeline.core.errors import ConfigError
-from pipeline.kinds.backend import BACKENDS, Backend, BackendRegistry
-from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
+from pipeline.kinds.backend import BACKENDS, Backend, BackendRegistry, BackendSection
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
 from pipeline.run.cache import RequestCache
 
 try:

@@ -13,8 +13,7 @@ import pytest
 from backend_conformance import Harness, conformance
 
 from pipeline.backends.instance import schema_instance
-from pipeline.kinds.backend import BACKENDS, Backend, Resolve
-from pipeline.kinds.settings import BackendSection
+from pipeline.kinds.backend import BACKENDS, Backend, BackendSection, Resolve
 from pipeline.types.chat import ChatRequest, ChatResult, Choice, RequestFailure
 
 

@@ -418,7 +418,7 @@ def test_the_ray_http_engine_refuses_a_dialect_it_cannot_send():
     pytest.importorskip("ray")
     from pipeline.backends.ray_backend import RayBackend
     from pipeline.core.errors import BackendError
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import BackendSection
 
     cfg = BackendSection(name="ray", openai={"structured_output": "json_object"})
     with pytest.raises(BackendError, match="sends json_schema only"):

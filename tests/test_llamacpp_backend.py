@@ -28,7 +28,8 @@ from pipeline.backends.factory import make_backend, preflight
 from pipeline.config import Config, load_config
 from pipeline.core.errors import BackendError, StageError
 from pipeline.engine.llm import LLMRunner
-from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
+from pipeline.kinds.backend import BackendSection
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
 from pipeline.run.cache import RequestCache
 from pipeline.types import schemas
 from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure

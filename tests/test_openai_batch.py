@@ -281,8 +281,7 @@ def test_a_batch_created_but_not_recorded_is_found_again(tmp_path):
     from pipeline.backends.openai.backend import OpenAIBackend
     from pipeline.backends.openai.batch import Ledger
     from pipeline.backends.openai.lines import request_line
-    from pipeline.kinds.backend import RequestFeed
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import BackendSection, RequestFeed
     from pipeline.types.chat import ChatRequest
 
     with BatchesServer() as server:
@@ -497,8 +496,7 @@ def test_the_api_limit_of_50000_requests_a_file_holds_at_the_defaults(tmp_path):
     """The split at the real limit (the tests above use a small one): 60,000 requests make
     a file of 50,000 and one of 10,000, each line once, in order."""
     from pipeline.backends.openai.backend import OpenAIBackend
-    from pipeline.backends.openai.batch import BatchRunner
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import BackendSection
     from pipeline.types.chat import ChatRequest
 
     cfg = BackendSection.model_validate({"openai": {"batch": True}})
@@ -506,7 +504,7 @@ def test_the_api_limit_of_50000_requests_a_file_holds_at_the_defaults(tmp_path):
     assert cfg.openai.batch_max_bytes == 200_000_000
     backend = OpenAIBackend.build(cfg, cache_path=tmp_path / "cache.sqlite")
     assert backend.window == 50_000
-    runner = BatchRunner(backend, tmp_path / "openai-batches")
+    runner = backend._batches()
     reqs = [ChatRequest(messages=(("user", f"q{i}"),), model="m") for i in range(60_000)]
     waiters = {r.key: [(i, r)] for i, r in enumerate(reqs)}
     files, too_big = runner._split(list(waiters), waiters)

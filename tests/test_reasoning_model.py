@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from pipeline.engine.llm import Answer, Failure, Job, LLMRunner
-from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
+from pipeline.kinds.backend import BackendSection
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
 from pipeline.run.cache import RequestCache
 from pipeline.types.chat import ChatRequest
 

@@ -108,7 +108,7 @@ def test_the_backend_sections_are_the_registered_backends_settings():
     ``cfg.backend.openai`` is type-checked); this is what keeps that list true: each
     section is the ``settings`` class of the registered backend of its name, and every
     registered backend with settings has its section."""
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import BackendSection
 
     fields = BackendSection.model_fields
     with_settings = {n for n in BACKENDS.names() if BACKENDS.get(n).settings is not None}

@@ -521,7 +521,7 @@ def test_the_grammar_engine_is_part_of_the_identity_and_decides_the_schema_form(
     """xgrammar (the default) is sent schemas without string bounds; guidance (llguidance
     enforces them cheaply) the full ones; the two are different backends to the cache."""
     from pipeline.backends.vllm_backend import VLLMBackend
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import BackendSection
     from pipeline.types import schemas
 
     default = BackendSection(name="vllm", model=MODEL)

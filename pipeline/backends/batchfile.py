@@ -20,15 +20,12 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.backends.batchstore import BatchState
-from pipeline.kinds.backend import Backend, Resolve
+from pipeline.kinds.backend import Backend, BackendSection, Resolve
 from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.types.schemas import SCHEMA_BOUNDS
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
 
 NO_ANSWER = "no answer imported yet"
 

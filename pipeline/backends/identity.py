@@ -36,8 +36,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.core.ids import content_hash
 
 if TYPE_CHECKING:
-    from pipeline.kinds.backend import Backend, Resolve
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import Backend, BackendSection, Resolve
 
 # keys describing where an identity came from, not what served: left out of its id
 NOT_KEYED = ("replayed_from", "assumed", "asked")

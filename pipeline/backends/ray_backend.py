@@ -52,16 +52,13 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.backends.identity import plain_url
 from pipeline.core.errors import BackendError
-from pipeline.kinds.backend import Backend, Resolve
+from pipeline.kinds.backend import Backend, BackendSection, Resolve
 from pipeline.kinds.settings import RaySettings
 from pipeline.types.chat import ChatRequest, ChatResult, Choice, RequestFailure
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
 
 INSTALL_HINT = "pip install 'personalized-rewardbench[ray]'"
 GPU_INSTALL_HINT = "pip install 'personalized-rewardbench[ray-gpu]'"  # ray[llm] pins its vLLM

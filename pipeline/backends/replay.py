@@ -10,17 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.backends.identity import identity_id
 from pipeline.core.errors import BackendError
-from pipeline.kinds.backend import Backend, Resolve
+from pipeline.kinds.backend import Backend, BackendSection, Resolve
 from pipeline.kinds.settings import ReplaySettings
 from pipeline.run.cache import RequestCache
 from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
 
 
 class _JsonlCache:

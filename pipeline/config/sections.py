@@ -19,7 +19,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.redact import public_url
 from pipeline.core.section import Section
 from pipeline.inputs import InputSection
-from pipeline.kinds.settings import BackendSection
+from pipeline.kinds.backend import BackendSection
 from pipeline.kinds.settings import check_http_url as _check_http_url
 from pipeline.rules import RULES, default_filters, threshold_fields
 

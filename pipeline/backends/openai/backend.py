@@ -26,7 +26,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import openai
 from tenacity import (
@@ -40,6 +40,7 @@ from tenacity import (
 from pipeline.backends import reasoning
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
 from pipeline.backends.openai import dialects
+from pipeline.backends.openai.batch import BatchRunner
 from pipeline.backends.openai.ratelimit import (
     RateLimiter,
     Ticket,
@@ -58,13 +59,10 @@ from pipeline.backends.openai.wire import (
     retry_after_seconds,
 )
 from pipeline.core.errors import BackendError
-from pipeline.kinds.backend import Backend, RequestFeed, Resolve, TokenCount
+from pipeline.kinds.backend import Backend, BackendSection, RequestFeed, Resolve, TokenCount
 from pipeline.kinds.settings import OpenAISettings
 from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure, reasoning_allowance
 from pipeline.types.schemas import SCHEMA_BOUNDS
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
 
 # The permit of the attempt a task is sending, for the response hook that reads the
 # rate-limit headers (the hook runs in the task that sent the request).
@@ -298,16 +296,16 @@ class OpenAIBackend(Backend):
     # the run directory's folder of Batch API records (set by build from the run's cache)
     batch_folder: Path | None = None
 
-    def _batches(self) -> Any:
-        from pipeline.backends.openai.batch import BatchRunner
-
+    def _batches(self) -> BatchRunner:
         if self.batch_folder is None:
             raise BackendError(
                 "backend.openai.batch needs a run directory to record its batches in; "
                 "run it through `prb run`"
             )
         return BatchRunner(
-            self,
+            self.cfg,
+            self.client,
+            self._retrying,
             self.batch_folder,
             body=self._batch_body,
             answer=lambda req, result: self.dialect(req.model).answer(req, self._reasoned(result)),

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import openai
 from tenacity import AsyncRetrying
@@ -42,11 +42,8 @@ from tenacity import AsyncRetrying
 from pipeline.backends.openai.lines import Parsed, read_results, request_line
 from pipeline.core.errors import BackendError
 from pipeline.core.io import read_json, write_json_atomic
-from pipeline.kinds.backend import RequestFeed
+from pipeline.kinds.backend import BackendSection, RequestFeed
 from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
-
-if TYPE_CHECKING:
-    from pipeline.backends.openai.backend import OpenAIBackend
 
 ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"  # = lines.CHAT_URL
 COMPLETION_WINDOW: Literal["24h"] = "24h"  # the only window the API offers
@@ -178,25 +175,30 @@ class BatchRunner:
 
     def __init__(
         self,
-        backend: OpenAIBackend,
+        cfg: BackendSection,
+        client: openai.AsyncOpenAI,
+        retrying: dict[str, Any],
         folder: Path,
         body: Callable[[ChatRequest], dict[str, Any]] | None = None,
         answer: Callable[[ChatRequest, ChatResult], ChatResult] | None = None,
     ) -> None:
-        """``body``: the chat-completions body a request is sent with (default
-        ``ChatRequest.openai_body``); ``answer``: what the backend makes of a reply before
-        the runner sees it (default: the reply as it is). The live path's own, so that a
-        server's dialect reads the same in both modes."""
+        """The openai backend's ``cfg`` (the server is ``cfg.openai``), its ``client`` and
+        its ``retrying`` (tenacity's arguments for a transient error); ``body``: the
+        chat-completions body a request is sent with (default ``ChatRequest.openai_body``);
+        ``answer``: what the backend makes of a reply before the runner sees it (default:
+        the reply as it is). The live path's own, so that a server's dialect reads the same
+        in both modes."""
         from pipeline.backends.identity import plain_url
 
-        self.backend = backend
-        self.server = backend.server
-        self.client = backend.client
+        self.cfg = cfg
+        self.retrying = retrying
+        self.server = cfg.openai
+        self.client = client
         self.ledger = Ledger(folder)
         self.body = body or ChatRequest.openai_body
         self.answer = answer or (lambda req, result: result)
         self.url = plain_url(self.server.base_url)
-        self.max_attempts = backend.cfg.max_attempts
+        self.max_attempts = cfg.max_attempts
         self.records: list[dict[str, Any]] = []
         self._taken: list[dict[str, Any]] = []  # handed to the runner, not yet marked so
 
@@ -330,7 +332,7 @@ class BatchRunner:
         from pipeline.backends.openai.wire import auth_error, describe_error
 
         try:
-            async for attempt in AsyncRetrying(**self.backend._retrying):
+            async for attempt in AsyncRetrying(**self.retrying):
                 with attempt:
                     return await fn(*args, **kw)
         except openai.APIStatusError as exc:
@@ -405,8 +407,8 @@ class BatchRunner:
                 batch = await self._find(rec)
                 if batch is not None:
                     break
-                await asyncio.sleep(min(self.backend.cfg.backoff_initial_s * 2**attempt,
-                                        self.backend.cfg.backoff_max_s))  # fmt: skip
+                await asyncio.sleep(min(self.cfg.backoff_initial_s * 2**attempt,
+                                        self.cfg.backoff_max_s))  # fmt: skip
         assert batch is not None
         self._update(rec, batch, state=SUBMITTED)  # before the first poll
         print(
