@@ -576,13 +576,14 @@ class RayBackend(Backend):
             )
         if cfg.ray.engine == "http":
             from pipeline.backends.openai.backend import check_reachable
+            from pipeline.backends.openai.dialects import only_todays_body
 
-            # the http engine sends the json_schema body as it is (no dialects)
-            if cfg.openai.structured_output not in ("auto", "json_schema"):
+            # the http engine sends each request's own body as it is (no dialects)
+            if (sent := only_todays_body(cfg.openai)) is not None:
                 raise BackendError(
                     "backend.openai.structured_output is "
                     f"{cfg.openai.structured_output}, but the ray backend's http engine "
-                    "sends json_schema only; use backend.name openai for another dialect, "
+                    f"sends {sent} only; use backend.name openai for another dialect, "
                     "or leave it at auto"
                 )
             check_reachable(cfg.openai)

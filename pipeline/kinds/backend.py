@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import importlib.util
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,6 +39,8 @@ from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 # places a path from the config against the config file's folder
 Resolve = Callable[[Path | None], Path | None]
+# a request as its server receives it: the requests it goes out as (Backend.as_sent)
+AsSent = Callable[[ChatRequest], list[ChatRequest]]
 
 
 class RequestFeed:
@@ -267,6 +271,23 @@ class Backend(abc.ABC):
     def stage_model(cls, cfg: BackendSection, model: str | None = None) -> str:
         """The model a stage asks for: its own (``judge.model``), else backend.model."""
         return model or cfg.model
+
+    @classmethod
+    def as_sent(cls, identity: dict[str, Any]) -> tuple[AsSent, list[str]]:
+        """How the server ``identity`` records receives a request: as the requests it goes
+        out as, on which `prb plan` and ``run.budget`` count prompts and bounds, and the
+        plan's notes on that. Here: as it is, nothing to note."""
+        return (lambda req: [req]), []
+
+    @classmethod
+    def planning(
+        cls, schemas: Callable[[], list[dict[str, Any]]]
+    ) -> AbstractContextManager[list[str]]:
+        """Inside: :meth:`identify` asks no server what it takes (`prb plan` sends
+        nothing); the list it yields gets, on leaving, the plan's notes on what it could
+        not know that way. ``schemas``: the JSON schemas the run sends, as sent. Here:
+        nothing to note."""
+        return contextlib.nullcontext([])
 
 
 # ---- the registry -----------------------------------------------------------------------

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,14 @@ from pipeline.backends.openai.wire import (
     retry_after_seconds,
 )
 from pipeline.core.errors import BackendError
-from pipeline.kinds.backend import Backend, BackendSection, RequestFeed, Resolve, TokenCount
+from pipeline.kinds.backend import (
+    AsSent,
+    Backend,
+    BackendSection,
+    RequestFeed,
+    Resolve,
+    TokenCount,
+)
 from pipeline.kinds.settings import OpenAISettings
 from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure, reasoning_allowance
 from pipeline.types.schemas import SCHEMA_BOUNDS
@@ -408,6 +416,16 @@ class OpenAIBackend(Backend):
     @classmethod
     def asked(cls, cfg: BackendSection) -> dict[str, Any]:
         return {"backend": cls.name, "url": plain_url(cfg.openai.base_url)}
+
+    @classmethod
+    def as_sent(cls, identity: dict[str, Any]) -> tuple[AsSent, list[str]]:
+        return dialects.sending(identity)  # the server's recorded dialects
+
+    @classmethod
+    def planning(
+        cls, schemas: Callable[[], list[dict[str, Any]]]
+    ) -> AbstractContextManager[list[str]]:
+        return dialects.planning(schemas)
 
 
 def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -277,6 +277,14 @@ class Dialect:
 
 
 _DEFAULT = Dialect()
+
+
+def only_todays_body(cfg: OpenAISettings) -> str | None:
+    """For an engine that sends each request's own body and no other (the ray backend's
+    http engine): the dialect it sends, when ``cfg`` asks for another one (``auto`` is
+    left to find that one), else None."""
+    s = cfg.structured_output
+    return None if s in ("auto", _DEFAULT.structured_output) else _DEFAULT.structured_output
 
 
 def split_seed(req: ChatRequest, i: int) -> int:
@@ -634,22 +642,32 @@ _FOUND: dict[tuple[str, str, str, str], Probed] = {}
 _NOT_KNOWN: dict[tuple[str, str], None] = {}
 
 
-def not_known_yet() -> list[tuple[str, str]]:
-    """(server URL, model) pairs a plan counted with today's body because what the server
-    takes is not known yet (``structured_output: auto``, no run has asked it)."""
-    return list(_NOT_KNOWN)
-
-
 @contextlib.contextmanager
-def without_probing() -> Iterator[None]:
+def planning(schemas: Callable[[], list[dict[str, Any]]]) -> Iterator[list[str]]:
     """Inside: what a server takes is read from a run's record only, never asked (``prb
-    plan`` sends nothing). What it could not know is listed by :func:`not_known_yet`."""
+    plan`` sends nothing: ``Backend.planning``). The list it yields gets, on leaving, a
+    note for the servers whose dialect it could not know (auto, never asked, no record),
+    counted with today's body: their prompts may hold each of ``schemas`` too."""
     _NOT_KNOWN.clear()
+    notes: list[str] = []
     token = _SENDING.set(False)
     try:
-        yield
+        yield notes
     finally:
         _SENDING.reset(token)
+    if _NOT_KNOWN:
+        url, _ = next(iter(_NOT_KNOWN))
+        models = ", ".join(repr(m) for _, m in _NOT_KNOWN)
+        extra = max((len(schema_statement(s)) for s in schemas()), default=0) // 4
+        notes.append(
+            f"what the server at {url} takes for JSON requests with {models} is not known "
+            "yet (backend.openai.structured_output: auto asks it at the first run's first "
+            "request): counted as today's body. A server that takes only json_object or no "
+            "response_format (llama-cpp-python's, some providers) is also sent each schema "
+            f"in the system message, up to about {extra:,} prompt tokens more a JSON request, "
+            "so a run.budget.tokens set from this plan can stop the run early; set "
+            "backend.openai.structured_output to what the server takes to count it exactly"
+        )
 
 
 def _memo_key(cfg: OpenAISettings, model: str) -> str:
@@ -684,7 +702,7 @@ def resolve(
     """What the server at ``cfg.base_url`` takes for ``model``: found once per run (this
     process's memo, then the run's cache, then :func:`probe`, which says what it found in
     one line on stderr). The project's stand-in takes every body and is never asked; a
-    plan (:func:`without_probing`) reads records only."""
+    plan (:func:`planning`) reads records only."""
     if standin:
         return _fixed(cfg)
     memo = (str(cache_path), _url(cfg), model, cfg.structured_output)
@@ -765,6 +783,27 @@ def of_identity(identity: dict[str, Any] | None) -> dict[str, Dialect]:
         return {}
     found = {m: Dialect.from_record(r) for m, r in records.items()}
     return {m: d for m, d in found.items() if d is not None}
+
+
+def sending(
+    identity: dict[str, Any],
+) -> tuple[Callable[[ChatRequest], list[ChatRequest]], list[str]]:
+    """Each request as the server ``identity`` records is sent it (its model's recorded
+    dialect, :meth:`Dialect.as_sent`; a model it does not name: today's body), and the
+    plan's note on each dialect that changes what a prompt holds (``Backend.as_sent``)."""
+    found = of_identity(identity)
+    notes = [
+        f"prompt tokens counted as {model}'s server is sent them "
+        f"({d.describe()}; backend.openai.structured_output)"
+        for model, d in found.items()
+        if d.note_for_schema() or d.n == "split"
+    ]
+
+    def sent(req: ChatRequest) -> list[ChatRequest]:
+        d = found.get(req.model)
+        return d.as_sent(req) if d is not None else [req]
+
+    return sent, notes
 
 
 def identify(
