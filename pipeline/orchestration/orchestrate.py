@@ -165,14 +165,6 @@ def check_contracts(stages: dict[str, Stage]) -> None:
                 )
 
 
-def content_id(sd: StageDir) -> str | None:
-    """Identity of a finished stage's data: the hash of its manifest."""
-    marker = sd.marker()
-    if marker is None or marker.files is None:
-        return None
-    return content_hash({k: v.model_dump() for k, v in marker.files.items()}, length=16)
-
-
 @dataclass
 class StagePlan:
     name: str
@@ -253,7 +245,7 @@ def _decide(
         if changed_inputs:
             return "redo", f"its input stage '{changed_inputs[0]}' is being rebuilt"
         if marker.inputs is not None and any(
-            marker.inputs.get(u) != content_id(rd.stage(u)) for u in stage.reads
+            marker.inputs.get(u) != rd.stage(u).content_id() for u in stage.reads
         ):
             return "redo", "its input data changed since it finished"
         sd.check_intact()
@@ -437,7 +429,7 @@ def _act(
             f"({llm.get('failure_reasons')}); they are recorded in cache.sqlite and will be "
             "retried: run the same command again"
         )
-    inputs = {u: content_id(ctx.run_dir.stage(u)) for u in stage.reads}
+    inputs = {u: ctx.run_dir.stage(u).content_id() for u in stage.reads}
     sd.finish(stats, inputs=inputs)
     echo(f"[{name}] done: {summarize(stats)}")
     if "dropped_by_reason" in stats:

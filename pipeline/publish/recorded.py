@@ -59,12 +59,10 @@ def summary_of(folder: Path) -> dict[str, Any] | None:
 def stage_identity(sd: StageDir) -> dict[str, Any] | None:
     """A stage's identity: its fingerprint and the content id of its finished data (None
     when it never started)."""
-    from pipeline.orchestration.orchestrate import content_id
-
     meta = sd.meta
     if meta is None:
         return None
-    return {"fingerprint": meta.fingerprint, "content_id": content_id(sd) if sd.done else None}
+    return {"fingerprint": meta.fingerprint, "content_id": sd.content_id() if sd.done else None}
 
 
 def built_from(rd: RunDir) -> dict[str, Any]:
@@ -157,8 +155,6 @@ def _moved_on(rd: RunDir) -> tuple[StageDir, str] | None:
     """The first stage (in run order) whose data is no longer what the finished pair stage
     was built from, and how: unfinished, re-done since, or started again with other
     settings. None when the pair stage is not finished (its reader says so)."""
-    from pipeline.orchestration.orchestrate import content_id
-
     pairs = rd.stage("pairs")
     marker = pairs.marker() if pairs.done else None
     if marker is None:
@@ -172,7 +168,7 @@ def _moved_on(rd: RunDir) -> tuple[StageDir, str] | None:
             continue
         if not sd.done:
             return sd, f"stage '{sd.name}' is being re-done (it {_state(sd)})"
-        if sd.name in inputs and inputs[sd.name] != content_id(sd):
+        if sd.name in inputs and inputs[sd.name] != sd.content_id():
             return sd, f"stage '{sd.name}' was re-done after the pair stage finished"
     for sd in stages:  # each stage's record of the fingerprints it was built on
         meta = sd.meta
