@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.annotate.rounds import UNRESOLVED, VERIFIED
 from pipeline.backends.identity import describe
 from pipeline.publish.recorded import built_from
 from pipeline.release.columns import json_text, sampling_of, templates_of
@@ -33,9 +34,9 @@ class Tally:
 
     def add(self, record: dict[str, Any], row: dict[str, Any]) -> None:
         self.rows += 1
-        c = self.per_cat.setdefault(str(row["category"]), {"pairs": 0, "verified": 0})
+        c = self.per_cat.setdefault(str(row["category"]), {"pairs": 0, VERIFIED: 0})
         c["pairs"] += 1
-        c["verified"] += row["human_verdict"] == "verified"
+        c[VERIFIED] += row["human_verdict"] == VERIFIED
         self.status[row["human_verdict"]] += 1
         for col, seen in self.models.items():
             if row[col] is not None:
@@ -94,8 +95,8 @@ def release_summary(
         "per_category": tally.per_cat,
         "human": {
             "annotated": sum(n for s, n in status.items() if s is not None),
-            "verified": status.get("verified", 0),
-            "unresolved": status.get("unresolved", 0),
+            VERIFIED: status.get(VERIFIED, 0),
+            UNRESOLVED: status.get(UNRESOLVED, 0),
         },
         "agreement": agreement,
         "ledger": card_ledger(rd, config),
