@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.core.ids import content_hash
+from pipeline.core.redact import strip_userinfo
 
 if TYPE_CHECKING:
     from pipeline.kinds.backend import Backend, BackendSection, Resolve
@@ -97,8 +98,6 @@ def plain_url(url: str) -> str:
     """A server URL as an identity holds it: no user:password@, no query (either may hold
     a credential), no trailing slash."""
     from urllib.parse import urlsplit, urlunsplit
-
-    from pipeline.core.redact import strip_userinfo
 
     parts = urlsplit(strip_userinfo(url))
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))

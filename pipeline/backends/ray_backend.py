@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends.identity import plain_url
+from pipeline.backends.vllm_backend import describe_engine, engine_identity, engine_kwargs
 from pipeline.core.errors import BackendError
 from pipeline.kinds.backend import Backend, BackendSection, Resolve
 from pipeline.kinds.settings import RaySettings
@@ -419,8 +420,6 @@ class RayBackend(Backend):
                 preprocess_map_kwargs={"num_cpus": HTTP_WORKER_CPUS},
                 postprocess_map_kwargs=post,
             )
-        from pipeline.backends.vllm_backend import engine_kwargs
-
         kwargs = engine_kwargs(self.cfg)
         model = kwargs.pop("model")  # Ray takes it as model_source and warns if repeated
         config = llm.vLLMEngineProcessorConfig(
@@ -602,8 +601,6 @@ class RayBackend(Backend):
             from pipeline.backends.openai.backend import server_identity
 
             return server_identity(cfg.openai, models, "ray-http")
-        from pipeline.backends.vllm_backend import engine_identity
-
         return engine_identity(cfg, "ray-vllm")
 
     @classmethod
@@ -612,8 +609,6 @@ class RayBackend(Backend):
             from pipeline.backends.openai.backend import describe_server
 
             return describe_server(identity)
-        from pipeline.backends.vllm_backend import describe_engine
-
         return describe_engine(identity)
 
     @classmethod

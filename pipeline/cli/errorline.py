@@ -14,7 +14,9 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.core.cliargs import command_line
 from pipeline.core.errors import _WRITE_ERRNOS, PipelineError, StorageError, _os_hint
+from pipeline.core.redact import redact
 
 
 def _path_in_traceback(exc: BaseException) -> str | None:
@@ -68,8 +70,6 @@ def _sqlite_line(
             f"{where}: {text}; another process is using this run's cache: wait for it to "
             "finish, then run the same command again"
         )
-    from pipeline.core.cliargs import command_line
-
     # a run directory is the run; a config names it with the same --set options
     sets = overrides if target is not None and Path(target).is_file() else ()
     repair = command_line(["prb", "cache", "repair", target if target is not None else "RUN"], sets)
@@ -88,8 +88,6 @@ def format_error(
     ``overrides`` its --set options; they name the cache file in SQLite errors and go into
     the repair command.
     """
-    from pipeline.core.redact import redact
-
     line: str | None
     if isinstance(exc, PipelineError):
         line = str(exc)

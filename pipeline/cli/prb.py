@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline import __version__
 from pipeline.core.cliargs import add_set_option as _add_set
 from pipeline.core.cliargs import command_line
+from pipeline.core.errors import NO_PAIR_KEPT_EXIT_STATUS, BudgetReached, PipelineError
+from pipeline.kinds.stages import ORDER
 
 if TYPE_CHECKING:
     from pipeline.config import Config
-    from pipeline.core.errors import BudgetReached
     from pipeline.run import RunDir
 
 # the stage names in run order, for help texts (pipeline.stages.ORDER, kept in step by a test)
@@ -342,7 +344,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from pipeline.config import load_config
-    from pipeline.core.errors import BudgetReached
     from pipeline.run import RunDir
 
     cfg = load_config(args.config, args.overrides)
@@ -406,8 +407,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(f"run directory: {os.path.abspath(cfg.run_dir)}")
     if nothing is not None:
-        from pipeline.core.errors import NO_PAIR_KEPT_EXIT_STATUS
-
         print(nothing, file=sys.stderr)
         return NO_PAIR_KEPT_EXIT_STATUS
     return 0
@@ -416,7 +415,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _no_pair_kept(run_dir: str | Path, args: argparse.Namespace) -> str | None:
     """One line when this command finished the pair stage and it kept no pair (every
     example dropped by a filter): the drops by reason and where to look; else None."""
-    from pipeline.kinds.stages import ORDER
     from pipeline.run import RunDir
 
     last = args.only or args.until
@@ -562,8 +560,6 @@ def _not_started(target: Path, overrides: list[str]) -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pipeline.core.errors import PipelineError
-    from pipeline.kinds.stages import ORDER
     from pipeline.run import open_run
     from pipeline.run.cache import RequestCache
 
@@ -647,8 +643,6 @@ def _earlier_backends(rd: RunDir) -> tuple[dict[str, tuple[str, str]], str]:
     backend's description; a stage without a backend of its own (pairs) goes with the
     stage before it. Empty when every stage had one backend."""
     from pipeline.backends.identity import describe, identity_id
-    from pipeline.core.errors import PipelineError
-    from pipeline.kinds.stages import ORDER
 
     served: dict[str, tuple[float, str, str]] = {}
     for name in ORDER:
@@ -743,7 +737,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import json
     from collections import Counter
 
-    from pipeline.kinds.stages import ORDER
     from pipeline.orchestration.orchestrate import _unknown_stage
     from pipeline.run import open_run
 
@@ -899,8 +892,6 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv[:cut]
     args = parser.parse_args([a for i, a in enumerate(argv) if i >= cut or a != "--debug"])
     if args.version:
-        from pipeline import __version__
-
         print(__version__)
         return 0
     handlers = {

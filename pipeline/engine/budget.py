@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.backends.identity import identity_id
 from pipeline.config import Config, PricesSection
-from pipeline.core.errors import BudgetReached
+from pipeline.core.errors import BudgetReached, PipelineError
 from pipeline.kinds.backend import BACKENDS, AsSent
 from pipeline.run import RunDir
 from pipeline.run.cache import RequestCache
@@ -260,10 +261,6 @@ def run_ledger(rd: RunDir, prices: PricesSection | None) -> dict[str, Any]:
     """The whole run's ledger, read-only: per LLM stage that ran, what its backend (the one
     its stage.json records) answered as the cache holds it, failures recorded, the latest
     invocation's figures from stats.json, and totals. Empty without a cache."""
-    from pipeline.backends.identity import identity_id
-    from pipeline.core.errors import PipelineError
-    from pipeline.run.cache import RequestCache
-
     if not rd.cache_path.is_file():
         return {}
     with RequestCache(rd.cache_path, readonly=True) as cache:

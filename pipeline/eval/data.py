@@ -16,6 +16,7 @@ from typing import Any
 
 from pipeline.core.errors import InputError
 from pipeline.core.ids import content_hash
+from pipeline.types.profile import select_profile
 from pipeline.types.prompts import load_template
 
 POINTWISE_TEMPLATE = "eval_pointwise"
@@ -97,8 +98,6 @@ def build_pairs(
     showed (the row's recorded ``profile_view``) where the row records them; otherwise the
     top-k are selected exactly as the generation stages do
     (``pipeline.types.profile.select_profile``) with the given ranker."""
-    from pipeline.types.profile import select_profile
-
     pairs = []
     seen: set[str] = set()
     for i, r in enumerate(rows):

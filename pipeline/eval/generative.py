@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.resources import data_dir
 from pipeline.types.chat import ChatRequest
-from pipeline.types.promptfiles import PromptFile
+from pipeline.types.promptfiles import PromptFile, read_prompt_file
 
 # The system turn the reference's BoN scripts send to a generative scorer and to the judge
 # (BoN/score.py, BoN/evaluate.py), quoted so that a request is the reference's request.
@@ -50,9 +51,6 @@ class Answered:
 def read_template(option: str) -> PromptFile:
     """The scorer's template: the user's file, or the project's default; checked for its
     placeholders (one line naming the file)."""
-    from pipeline.core.resources import data_dir
-    from pipeline.types.promptfiles import read_prompt_file
-
     path = Path(option).expanduser() if option else data_dir("prompts") / DEFAULT_TEMPLATE
     return read_prompt_file(
         path,

@@ -23,11 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.backends.factory import make_backend
+from pipeline.backends.identity import identify, identity_id
 from pipeline.core.errors import InputError
 from pipeline.core.fields import ORDERS
-from pipeline.engine.llm import Answer
+from pipeline.engine.llm import Answer, LLMRunner
 from pipeline.eval.data import EvalPair, file_messages, pairwise_messages
-from pipeline.run.cache import INVALID_PREFIX
+from pipeline.run.cache import INVALID_PREFIX, RequestCache
+from pipeline.run.layout import CACHE
 from pipeline.types import schemas
 from pipeline.types.chat import ChatRequest
 
@@ -232,12 +235,6 @@ def run_judge(
     progress: bool = True,
 ) -> tuple[dict[str, JudgeOutcome], dict[str, Any]]:
     """Ask the judge about every pair, in both orders, for each setting."""
-    from pipeline.backends.factory import make_backend
-    from pipeline.backends.identity import identify, identity_id
-    from pipeline.engine.llm import LLMRunner
-    from pipeline.run.cache import RequestCache
-    from pipeline.run.layout import CACHE
-
     model = spec.target or cfg.judge.model or cfg.backend.model
     cache_path = out_dir / CACHE  # the judge's own cache, beside its results
     # what answers is part of each request's key, as in a run (pipeline/backends/identity.py)

@@ -21,8 +21,16 @@ from typing import Any, ClassVar
 import yaml
 
 from pipeline.core.errors import InputError
+from pipeline.core.modelfiles import load_errors
 from pipeline.core.registry import Registry
-from pipeline.eval.pointwise import ENGINES, check_device, check_device_map, check_model_folder
+from pipeline.eval.pointwise import (
+    ENGINES,
+    Encoder,
+    _import_torch_transformers,
+    check_device,
+    check_device_map,
+    check_model_folder,
+)
 
 Options = dict[str, tuple[type, Any, str]]
 
@@ -237,9 +245,6 @@ class RewardModel(ScorerKind):
     def load_check(cls, spec: ScorerSpec) -> None:
         """The tokenizer (and its chat template) and the model's config load: one line
         naming the folder when they do not."""
-        from pipeline.core.modelfiles import load_errors
-        from pipeline.eval.pointwise import Encoder, _import_torch_transformers
-
         path = Path(spec.target).expanduser()
         try:
             Encoder(

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from pipeline.core.section import Section
+from pipeline.kinds.dialect import DIALECTS
 
 
 class Settings(Section):
@@ -223,8 +224,6 @@ class OpenAISettings(Settings):
     @field_validator("structured_output")
     @classmethod
     def _known_dialect(cls, v: str) -> str:
-        from pipeline.kinds.dialect import DIALECTS
-
         if v != "auto" and v not in DIALECTS:
             raise ValueError(DIALECTS.unknown(v).replace("Known: ", "Known: auto, "))
         return v

@@ -9,18 +9,26 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from pipeline.backends.identity import describe
 from pipeline.config import Config
 from pipeline.core.errors import BackendError
 from pipeline.engine.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
+from pipeline.inputs.ingest import iter_examples
 from pipeline.kinds.backend import BACKENDS, AsSent
+from pipeline.kinds.stages import ORDER
+from pipeline.orchestration.orchestrate import check_contracts, make_plan, plan_stages
 from pipeline.plan.counters import TokenCounter, WordCounter, choose_counter
 from pipeline.plan.placeholders import NoCache, make_filler
 from pipeline.plan.result import Figures, Plan, StageEstimate
 from pipeline.plan.throughput import throughput
 from pipeline.run import RunDir
 from pipeline.run.cache import RequestCache
+from pipeline.stages import STAGES
 from pipeline.stages.base import Context, PlannedExample, Stage
+from pipeline.stages.ingest import IngestStage
+from pipeline.types import schemas
 from pipeline.types.chat import ChatRequest, output_bound
+from pipeline.types.profile import check_ranker_installed
 
 LOOKUP_BATCH = 900
 
@@ -173,9 +181,6 @@ class _IngestRows:
         if self.action == "skip":
             yield from ctx.run_dir.stage("ingest").rows()
             return
-        from pipeline.inputs.ingest import iter_examples
-        from pipeline.stages.ingest import IngestStage
-
         views = self._views
         for i, r in enumerate(iter_examples(ctx.config.input, ctx.config.resolve_input)):
             if i == len(views):
@@ -193,8 +198,6 @@ class _IngestRows:
 
 def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
     """What answers this run, as the plan can know it without writing or sending."""
-    from pipeline.backends.identity import describe
-
     try:
         # what a server takes is read from the run's record only
         with BACKENDS.get(ctx.config.backend.name).planning(lambda: _sent_schemas(ctx)) as known:
@@ -210,8 +213,6 @@ def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
 
 def _sent_schemas(ctx: Context) -> list[dict[str, Any]]:
     """The JSON schemas this config sends, as sent."""
-    from pipeline.types import schemas
-
     c = ctx.config
     j, r = c.judge, c.rubrics
     m, cap = j.sampling.max_tokens, j.rationale_max_chars
@@ -236,10 +237,6 @@ def estimate(
     """Plan the run ``config`` describes; writes nothing, sends no request. ``fresh``: as
     if nothing had run yet (no run directory, no cache): what the plan said before the run,
     which a finished stage's actual figures are compared with."""
-    from pipeline.kinds.stages import ORDER
-    from pipeline.orchestration.orchestrate import check_contracts, plan_stages
-    from pipeline.stages import STAGES
-
     t0 = time.perf_counter()
     names = plan_stages(until, only)
     last = ORDER.index(names[-1])
@@ -266,8 +263,6 @@ def _estimate(
     tokens_per_second: float | None,
     t0: float,
 ) -> Plan:
-    from pipeline.orchestration.orchestrate import make_plan
-
     config, rd, cache = ctx.config, ctx.run_dir, ctx.cache
     assert ctx.planned_rows is not None
     llm_stages = [n for n, s in stages.items() if s.uses_llm(ctx)]
@@ -302,8 +297,6 @@ def _estimate(
 
     ingest_plan = plans[0]
     if ingest_plan.action != "skip":
-        from pipeline.types.profile import check_ranker_installed
-
         # the plan ranks profiles as ingest would: a missing ranker extra is one line
         check_ranker_installed(config.profile.ranker)
     ingest_rows = _IngestRows(ctx, ingest_plan.action)

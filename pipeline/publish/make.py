@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.annotate.rounds import agreement_summaries, latest_verdicts, why_unverified
 from pipeline.core.errors import PipelineError, RunDirError, StageError
 from pipeline.core.io import loads
+from pipeline.core.redact import secret_values
 from pipeline.publish import folder, targets, validity
 from pipeline.publish.card import DATA_FILE, config_name, data_file_digests, render_card
 from pipeline.publish.recorded import check_current
@@ -42,8 +43,6 @@ ID_COLUMN, CATEGORY_COLUMN = BY_NAME["id"], BY_NAME["category"]
 def _secret_values(config: Config | None) -> dict[str, str]:
     """Environment variable name -> value for everything that may hold a credential
     (the one rule of ``pipeline.core.redact``)."""
-    from pipeline.core.redact import secret_values
-
     if config is None:
         return secret_values()
     return secret_values([*config.backend.secret_env_names(), config.annotation.token_env])

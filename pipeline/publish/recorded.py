@@ -23,8 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pipeline.backends.identity import describe, identity_id
 from pipeline.core.errors import InputError, PipelineError, RunDirError
 from pipeline.core.io import read_json
+from pipeline.rules import RuleSet
 from pipeline.run import RunDir, StageDir
 from pipeline.run.layout import RELEASE_SUMMARY
 
@@ -87,7 +89,6 @@ def recorded_rules(summary: Mapping[str, Any], path: Path) -> tuple[Any, int] | 
     from pydantic import ValidationError
 
     from pipeline.config import pairs_model
-    from pipeline.rules import RuleSet
 
     prov = summary.get("provenance")
     rules = prov.get("rules") if isinstance(prov, Mapping) else None
@@ -141,8 +142,6 @@ def _state(sd: StageDir) -> str:
 
 def _backend_note(sd: StageDir, before: Mapping[str, Any] | None) -> str:
     """ ", now answered by <what>" when the stage's backend is not the one it had."""
-    from pipeline.backends.identity import describe, identity_id
-
     now = _served(sd)
     if now is None or not isinstance(before, Mapping):
         return ""

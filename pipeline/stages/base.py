@@ -10,15 +10,19 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from pipeline.backends.factory import make_backend
+from pipeline.backends.identity import NOT_KEYED, identity_id
 from pipeline.config import Config
-from pipeline.core.errors import StageError
+from pipeline.core.errors import BackendError, PipelineError, StageError
 from pipeline.core.sourcehash import code_closure, source_hashes
+from pipeline.engine.budget import make_budget
 from pipeline.engine.llm import LLMRunner
-from pipeline.kinds.backend import Backend
+from pipeline.kinds.backend import BACKENDS, Backend
 from pipeline.kinds.stages import ORDER
 from pipeline.run import RunDir, ShardIndex, StageDir
 from pipeline.run.cache import RequestCache
 from pipeline.types.chat import ChatRequest
+from pipeline.types.schemas import for_engine
 
 
 class UndeclaredRead(StageError, KeyError):
@@ -151,8 +155,6 @@ class Context:
     def served_by_id(self) -> str:
         """The id every request of this run carries (``ChatRequest.served_by``); hashed
         once per identity, not once per request."""
-        from pipeline.backends.identity import identity_id
-
         ident = self.served_by
         if self._served_by_id is None or self._served_by_id[0] is not ident:
             self._served_by_id = (ident, identity_id(ident))
@@ -162,15 +164,11 @@ class Context:
         """What a request carries of ``schema`` for the backend that answers: the full
         schema where its grammar engine enforces string bounds cheaply, else the form
         without them (pipeline/types/schemas.py: for_engine)."""
-        from pipeline.types.schemas import for_engine
-
         return for_engine(schema, self.served_by)
 
     def served_by_setting(self) -> dict[str, Any]:
         """The identity as a stage's settings hold it: only what is keyed, so a note on
         how it was found never changes a fingerprint."""
-        from pipeline.backends.identity import NOT_KEYED
-
         return {k: v for k, v in self.served_by.items() if k not in NOT_KEYED}
 
     def assume_served_by(self, identity: dict[str, Any]) -> None:
@@ -193,9 +191,6 @@ class Context:
     @contextlib.asynccontextmanager
     async def llm(self, stage: str) -> AsyncIterator[LLMRunner]:
         """A request runner for one stage, its backend opened inside the running loop."""
-        from pipeline.backends.factory import make_backend
-        from pipeline.engine.budget import make_budget
-
         b = self.config.backend
         backend: Backend = make_backend(b, self.run_dir.cache_path, self.config.resolve_input)
         self.cache.put_backend(self.served_by_id, self.served_by)
@@ -400,9 +395,6 @@ def resolve_identity(ctx: Context) -> dict[str, Any]:
     reached, the identity this run recorded for the same backend settings is assumed, with
     a warning: the answers the cache holds for it are served, and the first request it does
     not hold fails at the server."""
-    from pipeline.core.errors import BackendError, PipelineError
-    from pipeline.kinds.backend import BACKENDS
-
     cfg = ctx.config
     b = cfg.backend
     kind = BACKENDS.get(b.name)

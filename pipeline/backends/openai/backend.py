@@ -39,6 +39,7 @@ from tenacity import (
 )
 
 from pipeline.backends import reasoning
+from pipeline.backends.gguf import gguf_counter_notes
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
 from pipeline.backends.openai import dialects
 from pipeline.backends.openai.batch import BatchRunner
@@ -69,6 +70,7 @@ from pipeline.kinds.backend import (
     TokenCount,
 )
 from pipeline.kinds.settings import OpenAISettings
+from pipeline.run import RunDir
 from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure, reasoning_allowance
 from pipeline.types.schemas import SCHEMA_BOUNDS
 
@@ -342,8 +344,6 @@ class OpenAIBackend(Backend):
     ) -> OpenAIBackend:
         backend = cls(cfg, cache_path=cache_path)
         if cache_path is not None:  # the batches are recorded beside the run's cache
-            from pipeline.run import RunDir
-
             backend.batch_folder = RunDir(cache_path.parent).openai_batches
         return backend
 
@@ -408,8 +408,6 @@ class OpenAIBackend(Backend):
             path = Path(model).expanduser()
             path = (resolve(path) if resolve else path) or path
             if path.is_file():
-                from pipeline.backends.gguf import gguf_counter_notes
-
                 return gguf_counter_notes(path)
         return None, []
 

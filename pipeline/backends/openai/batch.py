@@ -39,9 +39,19 @@ from typing import Any, Literal
 import openai
 from tenacity import AsyncRetrying
 
+from pipeline.backends.identity import plain_url
 from pipeline.backends.openai.lines import Parsed, read_results, request_line
+from pipeline.backends.openai.wire import (
+    UnusableReply,
+    auth_error,
+    check_reachable,
+    describe_error,
+    is_transient,
+)
 from pipeline.core.errors import BackendError
-from pipeline.core.io import read_json, write_json_atomic
+from pipeline.core.io import atomic_open, read_json, write_json_atomic
+from pipeline.core.progress import BatchProgress
+from pipeline.core.redact import public_url
 from pipeline.kinds.backend import BackendSection, RequestFeed
 from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
@@ -188,8 +198,6 @@ class BatchRunner:
         ``answer``: what the backend makes of a reply before the runner sees it (default:
         the reply as it is). The live path's own, so that a server's dialect reads the same
         in both modes."""
-        from pipeline.backends.identity import plain_url
-
         self.cfg = cfg
         self.retrying = retrying
         self.server = cfg.openai
@@ -214,8 +222,6 @@ class BatchRunner:
     async def _rounds(
         self, feed: RequestFeed
     ) -> AsyncIterator[tuple[Any, ChatResult | RequestFailure]]:
-        from pipeline.backends.openai.wire import check_reachable
-
         retry: list[tuple[Any, ChatRequest]] = []
         attempts: dict[str, int] = {}
         started = False
@@ -329,8 +335,6 @@ class BatchRunner:
     async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """One API call with the backend's retries; refused credentials and other errors
         are one BackendError naming the call."""
-        from pipeline.backends.openai.wire import auth_error, describe_error
-
         try:
             async for attempt in AsyncRetrying(**self.retrying):
                 with attempt:
@@ -339,8 +343,6 @@ class BatchRunner:
             if exc.status_code in (401, 403):
                 raise auth_error(self.server, exc.status_code, exc.message) from None
             if exc.status_code in (404, 405):
-                from pipeline.core.redact import public_url
-
                 raise BackendError(
                     f"the server at {public_url(self.server.base_url)} has no Batch API "
                     f"({what} got HTTP {exc.status_code}); set backend.openai.batch to false, "
@@ -354,8 +356,6 @@ class BatchRunner:
     async def _submit(self, lines: list[tuple[str, bytes]]) -> dict[str, Any]:
         """Upload one file and create its batch; the record is written before each step,
         so a kill at any point leaves a record that says how far it got."""
-        from pipeline.backends.openai.wire import describe_error, is_transient
-
         local = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         data = b"".join(d for _, d in lines)
         rec: dict[str, Any] = {
@@ -396,8 +396,6 @@ class BatchRunner:
                 break
             except Exception as exc:
                 if isinstance(exc, openai.APIStatusError) and exc.status_code in (401, 403):
-                    from pipeline.backends.openai.wire import auth_error
-
                     raise auth_error(self.server, exc.status_code, exc.message) from None
                 if not is_transient(exc) or attempt == self.max_attempts:
                     raise BackendError(
@@ -484,8 +482,6 @@ class BatchRunner:
     ) -> AsyncIterator[tuple[Any, ChatResult | RequestFailure]]:
         """Poll the claimed batches until each is final; hand over each one's outcomes as
         it ends, and put what should be sent again into ``retry``."""
-        from pipeline.core.progress import BatchProgress
-
         by_local = {r["local"]: r for r in self.records}
         active = [by_local[local] for local in claims]
         bars: dict[str, BatchProgress] = {}
@@ -547,8 +543,6 @@ class BatchRunner:
             content = await self._call(
                 f"the download of {file_id}", self.client.files.content, file_id
             )
-            from pipeline.core.io import atomic_open
-
             with atomic_open(self.ledger.results(rec, kind), "wb") as fh:
                 fh.write(content.content)
         rec["state"] = FINISHED
@@ -564,8 +558,6 @@ class BatchRunner:
     ) -> list[tuple[Any, ChatResult | RequestFailure]]:
         """Every claimed request's outcome from a finished batch's stored files; lines to
         send again go to ``retry``."""
-        from pipeline.backends.openai.wire import UnusableReply
-
         expected = {k: waiters[k][0][1] for k in keys}
         got: dict[str, ChatResult | LineError] = {}
         for kind in ("output", "errors"):

@@ -36,8 +36,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.openai.wire import error_text, refused_feature, short_message
-from pipeline.core.errors import BackendError, ConfigError
+from pipeline.backends.identity import plain_url
+from pipeline.backends.openai.wire import (
+    auth_error,
+    endpoint,
+    error_text,
+    refused_feature,
+    short_message,
+)
+from pipeline.core.errors import BackendError, CacheError, ConfigError
+from pipeline.core.ids import content_hash
+from pipeline.core.redact import redact
 from pipeline.kinds.dialect import (
     DIALECTS,
     SETTING,
@@ -436,9 +445,6 @@ def refusal_error(cfg: OpenAISettings, model: str, dialect: Dialect, exc: BaseEx
     """The line a stage stops with when the server refuses our body mid-run (every other
     request would be refused the same way): what it refused, and what to do. Under auto the
     run's record of what the server takes is dropped, so the next run asks it again."""
-    from pipeline.backends.identity import plain_url
-    from pipeline.core.redact import redact
-
     status = getattr(exc, "status_code", "?")
     said = redact(short_message(error_text(exc)))[:200]
     what = {
@@ -512,8 +518,6 @@ def _post(cfg: OpenAISettings, body: dict[str, Any]) -> tuple[int, dict[str, Any
     import urllib.error
     import urllib.request
 
-    from pipeline.backends.openai.wire import endpoint
-
     ep = endpoint(cfg)
     data = json.dumps(body).encode("utf-8")
     headers = {**ep.headers, "Content-Type": "application/json"}
@@ -555,8 +559,6 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
     or ignored ``n`` > 1, no seed for a refused one. An explicit structured output the
     server refuses is a ConfigError; a server that cannot say (down, another error) leaves
     ``first`` as it is."""
-    from pipeline.core.redact import redact
-
     auto = cfg.structured_output == "auto"
     d, notes, transient = first, [], 0
     for _ in range(PROBE_STEPS + 3):
@@ -584,8 +586,6 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
                 continue
             break
         if status == 401 or status == 403:
-            from pipeline.backends.openai.wire import auth_error
-
             raise auth_error(cfg, status, str(reply.get("message") or ""))
         message = str(reply.get("message") or "")
         feature = refused_feature(status, message, reply.get("param"))
@@ -628,8 +628,6 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
 
 
 def _url(cfg: OpenAISettings) -> str:
-    from pipeline.backends.identity import plain_url
-
     return plain_url(cfg.base_url)
 
 
@@ -671,8 +669,6 @@ def planning(schemas: Callable[[], list[dict[str, Any]]]) -> Iterator[list[str]]
 
 
 def _memo_key(cfg: OpenAISettings, model: str) -> str:
-    from pipeline.core.ids import content_hash
-
     where = {"url": _url(cfg), "model": model, "setting": cfg.structured_output}
     return content_hash({**where, "probe": PROBE_VERSION, "kind": "dialect"})
 
@@ -680,7 +676,6 @@ def _memo_key(cfg: OpenAISettings, model: str) -> str:
 def _recorded(cache_path: Path | None, key: str) -> Dialect | None:
     if cache_path is None or not Path(cache_path).is_file():
         return None
-    from pipeline.core.errors import CacheError
     from pipeline.run.cache import RequestCache
 
     try:
@@ -752,7 +747,6 @@ def keep(cfg: OpenAISettings, cache_path: Path | None) -> None:
     ]  # fmt: skip
     if not items:
         return
-    from pipeline.core.errors import CacheError
     from pipeline.run.cache import RequestCache
 
     try:

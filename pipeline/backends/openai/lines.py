@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.backends.openai.wire import UnusableReply, parse_reply
+from pipeline.core.redact import redact
 from pipeline.types.chat import ChatRequest, ChatResult
 
 CHAT_URL = "/v1/chat/completions"
@@ -89,8 +90,6 @@ def error_text(error: Any) -> str:
     """The message of a batch line's ``error`` or an error body: a string, OpenAI's
     ``{"code", "message"}``, or vLLM's ``ErrorResponse`` (``{"error": {...}}`` or
     ``{"object": "error", "message", ...}``). Secrets a server may echo are masked."""
-    from pipeline.core.redact import redact
-
     inner = error.get("error") if isinstance(error, dict) else None
     if isinstance(inner, (dict, str)):
         error = inner
