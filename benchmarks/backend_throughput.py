@@ -50,10 +50,10 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from pipeline.backends.openai.backend import OpenAIBackend  # noqa: E402
-from pipeline.cache import RequestCache  # noqa: E402
-from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.config import BackendSection  # noqa: E402
-from pipeline.llm import Answer, LLMRunner  # noqa: E402
+from pipeline.engine.llm import Answer, LLMRunner  # noqa: E402
+from pipeline.run.cache import RequestCache  # noqa: E402
+from pipeline.types.chat import ChatRequest  # noqa: E402
 
 SERVER_SCRIPT = ROOT / "tests" / "standin_server.py"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "backend_throughput.json"

@@ -209,7 +209,7 @@ def our_run(
     from bon_setup import backend_args
 
     from pipeline.cli import main
-    from pipeline.resources import data_dir
+    from pipeline.core.resources import data_dir
 
     template = data_dir("prompts") / "gen_score.txt"
     args = ["eval", "bon", str(release)]
@@ -289,7 +289,7 @@ def reference_run(
     out: dict[str, Any] = {"subsets": subsets, "per_model": {}}
     runs = [(m.name, ["--model", str(m), "--model-type", "discriminative"]) for m in models]
     template = work / "gen_score.txt"
-    from pipeline.resources import data_dir
+    from pipeline.core.resources import data_dir
 
     shutil.copy2(data_dir("prompts") / "gen_score.txt", template)
     runs.append((GEN, ["--model", str(models[0]), "--model-type", "generative",

@@ -1,4 +1,4 @@
-"""Near-duplicate detection (pipeline/dedup.py) at benchmark scale: time, peak memory, recall.
+"""Near-duplicate detection (pipeline/rules/dedup.py) at benchmark scale: time, peak memory, recall.
 
 Data is SYNTHETIC, not model output: answers of about 60 words (45-75) drawn from a vocabulary of
 4,000 made-up words with a Zipf-like frequency (exponent 1.1, so common words and common
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.dedup import near_duplicate_pairs  # noqa: E402
+from pipeline.rules.dedup import near_duplicate_pairs  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "dedup.json"
 TARGET_SECONDS = 60.0
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
             "seconds_ratio": round(by_n[large]["seconds"] / by_n[small]["seconds"], 2),
         }
     result = {
-        "benchmark": "near-duplicate detection, pipeline.dedup.near_duplicate_pairs",
+        "benchmark": "near-duplicate detection, pipeline.rules.dedup.near_duplicate_pairs",
         "smoke": args.smoke,
         "data": (
             f"synthetic: {VOCAB}-word made-up vocabulary, Zipf exponent {ZIPF_EXPONENT}, "

@@ -56,14 +56,14 @@ from backend_throughput import (  # noqa: E402
 )
 
 from pipeline.backends.openai.backend import OpenAIBackend  # noqa: E402
-from pipeline.cache import RequestCache  # noqa: E402
-from pipeline.chat import ChatRequest  # noqa: E402
 from pipeline.config import Config, load_config  # noqa: E402
-from pipeline.llm import Answer, LLMRunner  # noqa: E402
-from pipeline.orchestrate import run_pipeline  # noqa: E402
+from pipeline.engine.llm import Answer, LLMRunner  # noqa: E402
+from pipeline.orchestration.orchestrate import run_pipeline  # noqa: E402
 from pipeline.run import RunDir  # noqa: E402
+from pipeline.run.cache import RequestCache  # noqa: E402
 from pipeline.stages.base import Context  # noqa: E402
 from pipeline.stages.responses import ResponseStage  # noqa: E402
+from pipeline.types.chat import ChatRequest  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "generation.json"
 MODEL = "standin-model"

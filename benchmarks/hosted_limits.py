@@ -53,9 +53,9 @@ for _p in (ROOT, ROOT / "tests"):
 from provider_limits import token_charge  # noqa: E402
 
 from pipeline.backends.openai.backend import OpenAIBackend  # noqa: E402
-from pipeline.chat import ChatRequest, ChatResult  # noqa: E402
 from pipeline.config import BackendSection  # noqa: E402
 from pipeline.kinds.backend import RequestFeed  # noqa: E402
+from pipeline.types.chat import ChatRequest, ChatResult  # noqa: E402
 
 SERVER_SCRIPT = ROOT / "tests" / "provider_limits.py"
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "hosted_limits.json"

@@ -56,15 +56,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline import schemas  # noqa: E402
 from pipeline.backends import llamacpp_backend as lb  # noqa: E402
-from pipeline.cache import RequestCache  # noqa: E402
-from pipeline.chat import ChatRequest  # noqa: E402
-from pipeline.io import write_json_atomic  # noqa: E402
-from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection  # noqa: E402
-from pipeline.llm import Answer, LLMRunner  # noqa: E402
-from pipeline.prompts import load_template  # noqa: E402
+from pipeline.core.io import write_json_atomic  # noqa: E402
+from pipeline.engine.llm import Answer, LLMRunner  # noqa: E402
+from pipeline.kinds.backend import BackendSection  # noqa: E402
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL  # noqa: E402
+from pipeline.run.cache import RequestCache  # noqa: E402
 from pipeline.stages.responses import derive_seed  # noqa: E402
+from pipeline.types import schemas  # noqa: E402
+from pipeline.types.chat import ChatRequest  # noqa: E402
+from pipeline.types.prompts import load_template  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "local_model.json"
 SAMPLE = ROOT / "examples" / "sample_lamp.jsonl"

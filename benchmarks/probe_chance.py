@@ -30,7 +30,7 @@ for extra in (ROOT, ROOT / "benchmarks", ROOT / "tests"):
 import _smoke  # noqa: E402
 
 from pipeline.audit import PROBE_FLAG_AUC, audit  # noqa: E402
-from pipeline.io import write_json_atomic  # noqa: E402
+from pipeline.core.io import write_json_atomic  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "probe_chance.json"
 

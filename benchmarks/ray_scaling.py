@@ -60,7 +60,7 @@ from backend_throughput import LATENCY_SEED, StandinProcess, lognormal_model, ru
 from generation import SYNTHETIC_NOTE, prepare_run, quiet, write_synthetic_examples  # noqa: E402
 
 from pipeline.backends.ray_backend import init_local_ray  # noqa: E402
-from pipeline.orchestrate import run_pipeline  # noqa: E402
+from pipeline.orchestration.orchestrate import run_pipeline  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "ray_scaling.json"
 MODEL = "standin-model"

@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 import _smoke  # noqa: E402
 
 from pipeline.backends.gguf import check_gguf  # noqa: E402
-from pipeline.errors import BackendError  # noqa: E402
+from pipeline.core.errors import BackendError  # noqa: E402
 
 DEFAULT_MODEL = "/work/models/r1-7b/DeepSeek-R1-Distill-Qwen-7B-Q4_K_M.gguf"
 TAGS = ("<think>", "</think>")

@@ -656,13 +656,13 @@ def measure_audit(release: Path, report: Path, logs: Path, max_seconds: float) -
 
 def dedup_steps_main(release: Path, result: Path) -> None:
     """(In its own process.) The near-duplicate search of ``prb audit`` and the pair
-    stage's near_duplicate filter (``pipeline.dedup.personal_duplicates``, its own ``stats``),
+    stage's near_duplicate filter (``pipeline.rules.dedup.personal_duplicates``, its own ``stats``),
     step by step on a release's rows: questions and answers (candidate and verified pairs),
     then who is the same person within each near-duplicate group (groups, rows); seconds of
     each."""
     import pyarrow.parquet as pq
 
-    from pipeline.dedup import personal_duplicates
+    from pipeline.rules.dedup import personal_duplicates
 
     names = ["question", "chosen", "rejected", "user_id", "profile"]
     rows = pq.read_table(release / "all").select(names).to_pylist()
@@ -893,7 +893,7 @@ def rerun_kept(args: argparse.Namespace) -> dict[str, Any]:
     totals the cache now keeps computed (once for a cache an older version wrote); then
     :func:`cached_rerun` against a stand-in started again, its rows also compared with the
     server's URL masked (each answer's provenance records it, and the port is new)."""
-    from pipeline.cache import _LEDGER_SCAN, RequestCache
+    from pipeline.run.cache import _LEDGER_SCAN, RequestCache
 
     sdir = args.rerun_kept.resolve()
     size = int(sdir.name.removeprefix("n"))
@@ -1064,7 +1064,7 @@ def replicate_run(src: Path, dst: Path, copies: int) -> dict[str, int]:
     replicas are synthetic data about synthetic data: they measure the stages that read
     the LLM stages' rows (pairs, publish, audit) at sizes whose LLM stages would take
     hours here, not the LLM stages."""
-    from pipeline.orchestrate import content_id
+    from pipeline.orchestration.orchestrate import content_id
     from pipeline.run import RunDir
 
     ids: set[str] = set()
@@ -1477,7 +1477,7 @@ def build_result(
             "per LLM stage over what the run sent (against_run); publish: `prb publish RUN "
             "--out RELEASE` after the first run; audit: `prb audit RELEASE --out REPORT`; "
             "dedup_steps: the near-duplicate search audit and the pair stage run "
-            "(pipeline.dedup.personal_duplicates) step by step on the release's rows; "
+            "(pipeline.rules.dedup.personal_duplicates) step by step on the release's rows; "
             "each one subprocess, measured as a stage is",
         },
         "max_seconds_per_stage": args.max_seconds,

@@ -76,10 +76,11 @@ for extra in (ROOT, ROOT / "benchmarks", ROOT / "tests"):
 
 import _smoke  # noqa: E402
 
-from pipeline import schemas  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
-from pipeline.io import write_json_atomic  # noqa: E402
-from pipeline.kinds.settings import BackendSection, VLLMSettings  # noqa: E402
+from pipeline.core.io import write_json_atomic  # noqa: E402
+from pipeline.kinds.backend import BackendSection  # noqa: E402
+from pipeline.kinds.settings import VLLMSettings  # noqa: E402
+from pipeline.types import schemas  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "structured_output.json"
 ENGINES = ("xgrammar", "llguidance", "llamacpp")
@@ -572,7 +573,7 @@ def run_examples_count(n: int, work: Path) -> dict[str, Any]:
     from scale import write_synthetic_input
     from standin_server import StandinServer
 
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
 
     data = work / "input.jsonl"
     write_synthetic_input(data, n, seed=0)

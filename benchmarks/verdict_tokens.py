@@ -31,8 +31,8 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 
 import _smoke  # noqa: E402
 
-from pipeline import schemas  # noqa: E402
 from pipeline.config import Config  # noqa: E402
+from pipeline.types import schemas  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "verdict_tokens.json"
 # Written for this benchmark: the kind of sentences a judge's rationale holds.

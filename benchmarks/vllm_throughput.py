@@ -68,15 +68,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline import schemas  # noqa: E402
-from pipeline.cache import RequestCache  # noqa: E402
-from pipeline.chat import ChatRequest  # noqa: E402
-from pipeline.io import write_json_atomic  # noqa: E402
-from pipeline.kinds.settings import BackendSection  # noqa: E402
+from pipeline.core.io import write_json_atomic  # noqa: E402
+from pipeline.engine.llm import Answer, Job, LLMRunner  # noqa: E402
+from pipeline.kinds.backend import BackendSection  # noqa: E402
 from pipeline.kinds.settings import VLLMSettings as VLLMSection  # noqa: E402
-from pipeline.llm import Answer, Job, LLMRunner  # noqa: E402
-from pipeline.prompts import load_template  # noqa: E402
+from pipeline.run.cache import RequestCache  # noqa: E402
 from pipeline.stages.responses import derive_seed  # noqa: E402
+from pipeline.types import schemas  # noqa: E402
+from pipeline.types.chat import ChatRequest  # noqa: E402
+from pipeline.types.prompts import load_template  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from structured_output import ANY_TEXT  # noqa: E402

@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from standin_server import StandinServer  # noqa: E402
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.io import write_jsonl_atomic  # noqa: E402
-from pipeline.orchestrate import run_pipeline  # noqa: E402
+from pipeline.core.io import write_jsonl_atomic  # noqa: E402
+from pipeline.orchestration.orchestrate import run_pipeline  # noqa: E402
 
 QS = ROOT / "examples" / "quickstart"
 DIMS = ("correctness", "relevance", "helpfulness")

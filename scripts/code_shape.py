@@ -1,6 +1,6 @@
 """The package's size and shape, for notes on a restructuring: lines, modules, and project
 imports made inside functions (lazy ones), counted with the import reader the layer test
-uses (``pipeline.sourcehash.imports_in``).
+uses (``pipeline.core.sourcehash.imports_in``).
 
     python scripts/code_shape.py                 # this checkout's pipeline/
     python scripts/code_shape.py /tmp/old-clone  # another checkout (e.g. a git worktree)
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.sourcehash import imports_in
+from pipeline.core.sourcehash import imports_in
 
 
 def shape(root: Path) -> dict[str, int]:

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.io import write_json_atomic  # noqa: E402
+from pipeline.core.io import write_json_atomic  # noqa: E402
 
 STEP_NEEDS = {  # seconds a step needs at least, to be started (measured: see docs/vllm.md)
     "sample": 60,
@@ -426,9 +426,9 @@ def judge_rate(model: str, hf: Path, a: argparse.Namespace, run: Path) -> dict[s
 
 
 def grammar_only(model: str, hf: Path, a: argparse.Namespace, run: Path) -> dict[str, Any]:
-    from pipeline import schemas
     from pipeline.backends.reasoning import split
     from pipeline.backends.vllm_backend import shutdown_engines
+    from pipeline.types import schemas
 
     requests = judge_requests(run, a.rate_requests)
     if not requests:

@@ -22,12 +22,11 @@ from typing import Any
 import pytest
 
 from pipeline.backends.identity import describe, identity_id, owner
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest
-from pipeline.errors import BackendError
-from pipeline.kinds.backend import BACKENDS, Backend, RequestFeed
-from pipeline.kinds.settings import BackendSection
-from pipeline.llm import Answer, Failure, LLMRunner
+from pipeline.core.errors import BackendError
+from pipeline.engine.llm import Answer, Failure, LLMRunner
+from pipeline.kinds.backend import BACKENDS, Backend, BackendSection, RequestFeed
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest
 
 SCHEMA = {
     "type": "object",

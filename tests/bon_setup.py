@@ -22,7 +22,7 @@ def build_release(tmp: Path, base_url: str) -> Path:
     ``tmp/sample/publish``; returns the release folder."""
     from pipeline.cli import main
     from pipeline.config import load_config
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
 
     overrides = [
         f"backend.openai.base_url={base_url}",

@@ -11,7 +11,7 @@ import os
 def run(cfg: str, env: dict[str, str]) -> None:
     os.environ.update(env)
     from pipeline.config import load_config
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
 
     code = 1
     try:

@@ -35,7 +35,7 @@ def build_release(tmp: Path) -> Path:
     Deterministic: the same bytes on every build."""
     from pipeline.cli import main
     from pipeline.config import load_config
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
 
     tmp.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(x) for x in SAMPLE.read_text(encoding="utf-8").splitlines() if x.strip()]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-WORD_RE = re.compile(r"[\w']+")  # the pipeline's word rule (pipeline/fields.py)
+WORD_RE = re.compile(r"[\w']+")  # the pipeline's word rule (pipeline/core/fields.py)
 _CAP = re.compile(r"at most (\d+) words", re.IGNORECASE)
 # a coverage prompt's point: "- id ITEM: aspect" (older prompts) or "- P1: aspect"
 _ITEM_LINE = re.compile(r"^-\s*(?:id\s+(\S+?)|(P\d+)):\s*(.+)$")

@@ -35,8 +35,8 @@ from pipeline.annotate.tasks import (
     stratum,
 )
 from pipeline.config import Config
-from pipeline.profile import rank_profile
 from pipeline.run import RunDir
+from pipeline.types.profile import rank_profile
 
 CATEGORIES = {
     "Art_and_Entertainment": 0.5,
@@ -429,7 +429,7 @@ def test_plan_uses_config_seed_plus_round(run, tmp_path):
 
 
 def test_missing_or_unfinished_pairs_stage_is_a_clear_error(run, tmp_path):
-    from pipeline.errors import StageError
+    from pipeline.core.errors import StageError
 
     with pytest.raises(StageError, match="stage 'pairs' has not run"):
         load_run(tmp_path / "nothing")

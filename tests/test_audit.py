@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.audit import PROBE_FLAG_AUC, audit, load_pairs
 from pipeline.cli import main
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.publish import DATA_FILE
 from pipeline.release import features as release_features
 

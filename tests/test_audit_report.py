@@ -19,7 +19,7 @@ from test_audit import crafted, write_jsonl
 
 from pipeline.audit import audit, load_pairs
 from pipeline.cli import main
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.run import RunDir
 
 NASTY = "<!-- x --> <script>alert(1)</script> </script> & \"q\" 'a' </title> ]]>"
@@ -259,7 +259,7 @@ def unpublished_run(tmp_path_factory) -> Path:
     from test_judge_pairs import responder
 
     from pipeline.config import load_config
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
 
     tmp = tmp_path_factory.mktemp("run")
     with StandinServer(responder=responder) as s:
@@ -475,7 +475,7 @@ def test_fuzzed_rows_give_an_audit_or_one_input_error(tmp_path_factory):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
 
     scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
     values = st.recursive(

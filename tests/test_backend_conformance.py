@@ -26,10 +26,10 @@ from pipeline.backends.openai.backend import OpenAIBackend
 from pipeline.backends.ray_backend import RayBackend
 from pipeline.backends.replay import ReplayBackend
 from pipeline.backends.vllm_backend import VLLMBackend
-from pipeline.cache import RequestCache
-from pipeline.errors import ConfigError
-from pipeline.kinds.backend import BACKENDS, Backend, BackendRegistry
-from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
+from pipeline.core.errors import ConfigError
+from pipeline.kinds.backend import BACKENDS, Backend, BackendRegistry, BackendSection
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
+from pipeline.run.cache import RequestCache
 
 try:
     HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -84,9 +84,9 @@ def _record_batch_answers(server: Any):
         import asyncio
 
         from pipeline.backends.batchstore import BatchState
-        from pipeline.chat import ChatResult
-        from pipeline.llm import LLMRunner
+        from pipeline.engine.llm import LLMRunner
         from pipeline.run import RunDir
+        from pipeline.types.chat import ChatResult
 
         live = _server_section(server, cfg.model, name="openai")
         answers: list[tuple[str, ChatResult, str]] = []
@@ -209,7 +209,7 @@ def test_the_registry_refuses_a_taken_name_and_anything_but_a_backend() -> None:
         reg.register("dict", dict)
     with pytest.raises(TypeError, match="its name is 'replay'"):
         reg.register("other", ReplayBackend)
-    reg.register("lazy", "pipeline.cache:RequestCache")  # checked when imported
+    reg.register("lazy", "pipeline.run.cache:RequestCache")  # checked when imported
     with pytest.raises(TypeError, match="is not a subclass"):
         reg.get("lazy")
     with pytest.raises(ConfigError) as err:

@@ -13,9 +13,8 @@ import pytest
 from backend_conformance import Harness, conformance
 
 from pipeline.backends.instance import schema_instance
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
-from pipeline.kinds.backend import BACKENDS, Backend, Resolve
-from pipeline.kinds.settings import BackendSection
+from pipeline.kinds.backend import BACKENDS, Backend, BackendSection, Resolve
+from pipeline.types.chat import ChatRequest, ChatResult, Choice, RequestFailure
 
 
 class EchoBackend(Backend):
@@ -78,7 +77,7 @@ def test_a_config_may_name_the_new_backend_and_a_run_uses_it(tmp_path, capsys):
     from conftest import write_config
 
     from pipeline.config import load_config
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
     from pipeline.run import RunDir
 
     cfg = load_config(write_config(tmp_path, backend={"name": "echo"}))

@@ -29,11 +29,11 @@ import pytest
 from conftest import write_config
 
 from pipeline.backends.openai.lines import CHAT_URL, read_results, request_line
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest
 from pipeline.cli import main
 from pipeline.kinds.stages import ORDER
 from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest
 
 # BatchRequestInput (vLLM) / the request input object (OpenAI)
 REQUEST_FIELDS = {"custom_id", "method", "url", "body"}

@@ -124,7 +124,7 @@ def test_replicated_pairs_publish_as_that_many_distinct_rows(tmp_path):
     from test_judge_pairs import responder
 
     from pipeline.config import load_config
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
     from pipeline.publish import publish
     from pipeline.run import RunDir
 

@@ -242,7 +242,7 @@ def test_replicas_keep_as_many_pairs_per_copy(tmp_path: Path, server) -> None:
     from conftest import write_config
 
     from pipeline.config import load_config
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
     from pipeline.run import RunDir
 
     sys.path.insert(0, str(BENCH))

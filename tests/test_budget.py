@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 from conftest import write_config
 
-from pipeline import schemas
-from pipeline.budget import backend_spend, cost_usd
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatResult
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
+from pipeline.engine.budget import backend_spend, cost_usd
 from pipeline.kinds.stages import ORDER
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
+from pipeline.types import schemas
+from pipeline.types.chat import ChatResult
 
 ID_KEYS = {
     "ingest": "example_id",

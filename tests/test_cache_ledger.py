@@ -1,5 +1,5 @@
 """The request cache's ledger: totals kept as answers are stored, equal at every step to the
-scan of every stored row that defines them (pipeline/cache.py, _LEDGER_SCAN); a cache
+scan of every stored row that defines them (pipeline/run/cache.py, _LEDGER_SCAN); a cache
 whose totals are behind (written by an older version) is recomputed, or scanned when it is
 opened read-only; a repaired cache has the totals of what was saved."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 import sqlite3
 
-from pipeline.cache import _LEDGER_COLUMNS, _LEDGER_SCAN, RequestCache, repair_cache
-from pipeline.chat import ChatRequest, ChatResult, Choice
+from pipeline.run.cache import _LEDGER_COLUMNS, _LEDGER_SCAN, RequestCache, repair_cache
+from pipeline.types.chat import ChatRequest, ChatResult, Choice
 
 
 def _scan(path) -> list[dict]:

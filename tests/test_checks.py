@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import pairs_section
-from pipeline.fields import words
+from pipeline.core.fields import words
 from pipeline.rules import Answer, Hit, RowView, RuleSet, ends_mid_sentence
 from pipeline.rules.patterns import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
 from pipeline.rules.regexgate import PatternSet
@@ -581,14 +581,14 @@ def test_gate_with_user_patterns():
     ],
 )
 def test_one_word_rule(text):
-    from pipeline.fields import count_words, words, words_and_count
+    from pipeline.core.fields import count_words, words, words_and_count
 
     assert words_and_count(text) == (words(text), count_words(text))
     assert count_words("don't") == 1 and count_words("well-known") == 2
 
 
 def test_row_id_fallbacks():
-    from pipeline.fields import row_id
+    from pipeline.core.fields import row_id
 
     assert row_id({"id": 7, "pair_id": "p"}) == "7"
     assert row_id({"id": "", "pair_id": "p", "example_id": "e"}) == "p"

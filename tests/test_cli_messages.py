@@ -9,7 +9,7 @@ import json
 import pytest
 from conftest import write_config
 
-from pipeline.cli import build_parser, main
+from pipeline.cli.prb import build_parser, main
 from pipeline.kinds.stages import ORDER
 
 N_EXAMPLES = 12
@@ -169,7 +169,7 @@ def test_a_redo_reason_shows_a_model_name_whole(tmp_path, server, capsys):
 
 
 def test_a_long_value_is_shortened_at_a_boundary():
-    from pipeline.orchestrate import SHOWN_VALUE_CHARS, explain_change, shown_value
+    from pipeline.orchestration.orchestrate import SHOWN_VALUE_CHARS, explain_change, shown_value
 
     long = "/models/" + "/".join(f"folder-number-{i}" for i in range(8)) + "/weights.Q4_1.gguf"
     shown = shown_value(long)
@@ -207,7 +207,7 @@ def test_a_reader_that_goes_away_stops_a_working_command_with_141(command, statu
     import sys
 
     code = (
-        "import sys, pipeline.cli as c\n"
+        "import sys, pipeline.cli.prb as c\n"
         "def broken(args):\n"
         "    raise BrokenPipeError(32, 'Broken pipe')\n"
         f"c.cmd_{command} = broken\n"

@@ -9,7 +9,7 @@ import yaml
 
 from pipeline.cli import main
 from pipeline.config import describe_fields, load_config
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 def _write(tmp_path: Path, data) -> Path:

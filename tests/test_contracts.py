@@ -8,10 +8,11 @@ import pytest
 from conftest import write_config
 
 from pipeline.cli import main
-from pipeline.errors import StageError
-from pipeline.kinds.stages import ORDER, STAGES
-from pipeline.orchestrate import check_contracts
-from pipeline.records import PAIR_RECORD_FIELDS
+from pipeline.core.errors import StageError
+from pipeline.kinds.stages import ORDER
+from pipeline.orchestration.orchestrate import check_contracts
+from pipeline.stages import STAGES
+from pipeline.types.records import PAIR_RECORD_FIELDS
 
 
 def _stages():
@@ -107,6 +108,7 @@ def test_the_run_directory_knows_the_stages_in_their_run_order():
     from pipeline.run import STAGE_NAMES
 
     assert STAGE_NAMES is ORDER
+    assert list(STAGES) == list(ORDER)  # every registered stage has its place in the order
 
 
 def test_every_stage_reads_only_what_it_declares(tmp_path, server, capsys):

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from pipeline.errors import BackendError
+from pipeline.core.errors import BackendError
 
 _missing = [m for m in ("transformers", "torch") if importlib.util.find_spec(m) is None]
 if _missing and not os.environ.get("CI"):
@@ -51,7 +51,7 @@ def _by_hand(model_dir: str, texts: list[str]) -> list[list[float]]:
 
 
 def test_ranking_equals_mean_pooling_and_dot_product_by_hand(encoder):
-    from pipeline.profile import contriever_scores, rank_profile
+    from pipeline.types.profile import contriever_scores, rank_profile
 
     q, *docs = _by_hand(encoder, [QUESTION] + [p["text"] for p in POSTS])
     expected = [sum(a * b for a, b in zip(d, q, strict=True)) for d in docs]
@@ -86,7 +86,7 @@ def test_ingest_records_the_contriever_view(encoder, tmp_path):
     cfg = load_config(cfg_path)
     example = {"question": QUESTION, "profile": POSTS}
     view = IngestStage.profile_view(SimpleNamespace(config=cfg), example)  # type: ignore[arg-type]
-    from pipeline.profile import rank_contriever
+    from pipeline.types.profile import rank_contriever
 
     assert view == {
         "ranker": "contriever",
@@ -96,7 +96,7 @@ def test_ingest_records_the_contriever_view(encoder, tmp_path):
 
 
 def test_a_model_that_is_not_there_is_one_line(tmp_path, monkeypatch):
-    from pipeline.profile import rank_profile
+    from pipeline.types.profile import rank_profile
 
     missing = str(tmp_path / "no-such-model")
     with pytest.raises(BackendError) as info:
@@ -112,8 +112,8 @@ def test_a_model_cut_short_is_one_line_naming_the_file(encoder, tmp_path):
     loader; it is read through the same check as `prb eval`'s models."""
     import shutil
 
-    from pipeline.errors import PipelineError
-    from pipeline.profile import rank_profile
+    from pipeline.core.errors import PipelineError
+    from pipeline.types.profile import rank_profile
 
     cut = tmp_path / "cut-encoder"
     shutil.copytree(encoder, cut)

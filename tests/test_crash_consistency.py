@@ -1,7 +1,7 @@
 """Kill a run at every point where durable state changes, resume it, and compare with an
 uninterrupted run: same rows (ids and texts), no duplicates, every stage verified.
 
-The failpoints (pipeline/io.py ``crash_point``) sit before and after every atomic write and
+The failpoints (pipeline/core/io.py ``crash_point``) sit before and after every atomic write and
 every cache commit. A child process (tests/crash_child.py, forked by a spawned fork server)
 runs the pipeline with ``PRB_CRASH_AT=k`` and dies with ``os._exit`` at its k-th point (no
 finally block runs, as with SIGKILL); the test then resumes the run and checks it. Every
@@ -24,7 +24,7 @@ from conftest import write_config
 
 from pipeline.config import load_config
 from pipeline.kinds.stages import ORDER
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -35,7 +35,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 # clean state, so a child starts in milliseconds instead of re-importing for each of the
 # ~180 failpoints (a plain spawn per child took 5 min 48 s here, against 77 s).
 _SPAWN = multiprocessing.get_context("forkserver")
-_SPAWN.set_forkserver_preload(["crash_child", "pipeline.orchestrate", "pipeline.config"])
+_SPAWN.set_forkserver_preload(
+    ["crash_child", "pipeline.orchestration.orchestrate", "pipeline.config"]
+)
 
 ID_KEYS = {"ingest": "example_id", "rubrics": "example_id", "responses": "candidate_id",
            "judge": "example_id", "pairs": "example_id"}  # fmt: skip

@@ -1,4 +1,4 @@
-"""pipeline.dedup: MinHash + LSH near-duplicate detection, checked against planted edits and
+"""pipeline.rules.dedup: MinHash + LSH near-duplicate detection, checked against planted edits and
 against brute force. All texts here are synthetic (made-up words, Zipf-like frequencies)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from rapidfuzz import fuzz, process
 from rapidfuzz.utils import default_process
 
-from pipeline.dedup import (
+from pipeline.rules.dedup import (
     Duplicate,
     _minhash,
     _shingle_hashes,
@@ -153,7 +153,7 @@ def test_deterministic_within_and_across_processes(planted_2000):
     # A fresh interpreter with another str-hash salt gives the same answer: word hashes are
     # blake2b, not hash().
     code = (
-        "import json, sys; from pipeline.dedup import near_duplicate_pairs as f; "
+        "import json, sys; from pipeline.rules.dedup import near_duplicate_pairs as f; "
         "print(json.dumps(f(json.load(sys.stdin), seed=5)))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

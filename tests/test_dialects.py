@@ -24,18 +24,18 @@ from conftest import write_config
 from provider_dialects import ProviderServer, strict_problem
 from standin_server import StandinServer
 
-from pipeline import schemas
 from pipeline.backends.identity import identity_id
 from pipeline.backends.openai import dialects
-from pipeline.backends.openai.backend import server_identity
+from pipeline.backends.openai.backend import OpenAIBackend, server_identity
 from pipeline.backends.openai.dialects import Dialect, json_in_text, strict_schema
 from pipeline.backends.openai.wire import refused_feature
-from pipeline.chat import ChatRequest
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.kinds.settings import OpenAISettings
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen2.5-7B-Instruct"  # configs/sample.yaml's
@@ -360,8 +360,6 @@ def test_the_sample_config_runs_against_llama_cpp_pythons_own_server(tmp_path, c
         seconds = time.monotonic() - start
         # asked for a name it does not list (the README's line without --model_alias): the
         # server would answer as its one model, so it is a warning and the card says so
-        from pipeline.backends.openai.backend import OpenAIBackend, server_identity
-
         qwen = "Qwen/Qwen2.5-7B-Instruct"
         ident = server_identity(cfg.backend.openai, [qwen], "openai")
         assert ident["models"][qwen] is None and ident["listed"] == ["smollm2"], ident
@@ -417,8 +415,8 @@ def test_plan_never_asks_and_reads_what_the_run_found(tmp_path, capsys):
 def test_the_ray_http_engine_refuses_a_dialect_it_cannot_send():
     pytest.importorskip("ray")
     from pipeline.backends.ray_backend import RayBackend
-    from pipeline.errors import BackendError
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.core.errors import BackendError
+    from pipeline.kinds.backend import BackendSection
 
     cfg = BackendSection(name="ray", openai={"structured_output": "json_object"})
     with pytest.raises(BackendError, match="sends json_schema only"):
@@ -429,24 +427,24 @@ def test_the_ray_http_engine_refuses_a_dialect_it_cannot_send():
 
 
 def test_a_request_is_bounded_and_counted_as_the_server_is_sent_it():
-    from pipeline.budget import request_bound
+    from pipeline.engine.budget import request_bound
 
     req = _req(STAGE_SCHEMAS["quality"], n=2)
     today = request_bound(req)
-    assert request_bound(req, Dialect()) == today
+    assert request_bound(req, Dialect().as_sent) == today
     # the schema stated in the prompt: one request's prompt grows by the statement
     stated = Dialect(structured_output="json_object")
     (sent,) = stated.as_sent(req)
     note = dialects.schema_statement(req.json_schema)
     assert sent.messages[0] == ("system", f"You judge.\n\n{note}") and sent.n == 2
-    bound = request_bound(req, stated)
+    bound = request_bound(req, stated.as_sent)
     assert bound.prompt_tokens == today.prompt_tokens + len(f"\n\n{note}".encode())
     assert bound.completion_tokens == today.completion_tokens
     # n split: a prompt per choice, one choice each; the output bound is the same
     split = Dialect(structured_output="json_object", n="split")
     copies = split.as_sent(req)
     assert len(copies) == 2 and all(c.n == 1 and c.messages == sent.messages for c in copies)
-    bound2 = request_bound(req, split)
+    bound2 = request_bound(req, split.as_sent)
     assert bound2.prompt_tokens == 2 * bound.prompt_tokens
     assert (bound2.requests, bound2.completion_tokens) == (1, today.completion_tokens)
     # what the backend sends is what is counted
@@ -464,9 +462,9 @@ def test_the_plan_counts_the_prompts_a_dialect_sends_and_the_budget_bounds_them(
     message), a run told to send llama-cpp-python's form (json_object with the schema, and
     the schema stated in the prompt): the plan afterwards counts every stage's prompt
     tokens as the server reported them."""
-    from pipeline.budget import make_budget
-    from pipeline.cache import RequestCache
+    from pipeline.engine.budget import make_budget
     from pipeline.plan import estimate
+    from pipeline.run.cache import RequestCache
 
     with StandinServer() as srv:
         llama_cpp_form = {"openai": {"structured_output": "json_object_schema"}}
@@ -494,6 +492,11 @@ def test_the_plan_counts_the_prompts_a_dialect_sends_and_the_budget_bounds_them(
     req = ChatRequest((("system", "s"), ("user", "u")), "standin-model",
                       json_schema=STAGE_SCHEMAS["quality"])  # fmt: skip
     assert budget.bound(req).prompt_tokens > len(dialects.schema_statement(req.json_schema))
+    # replaying those answers, the record is read as the backend that made it reads it
+    from pipeline.backends.replay import ReplayBackend
+
+    (as_sent, _), (replayed, _) = OpenAIBackend.as_sent(ident), ReplayBackend.as_sent(ident)
+    assert replayed(req) == as_sent(req) != [req]
 
 
 def test_a_plan_says_when_the_servers_dialect_is_not_known_yet(tmp_path, capsys):

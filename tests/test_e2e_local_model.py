@@ -25,8 +25,8 @@ import pytest
 import yaml
 from conftest import SAMPLE
 
-from pipeline import schemas
 from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
+from pipeline.types import schemas
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("ingest", "rubrics", "responses", "judge", "pairs")

@@ -22,7 +22,7 @@ import yaml
 from conftest import ROOT, SAMPLE, write_config
 
 from pipeline.cli import main
-from pipeline.errorline import format_error
+from pipeline.cli.errorline import format_error
 
 ROW = {"id": "q1", "question": "How do I start?", "profile": [{"id": "p1", "text": "I paint."}]}
 
@@ -64,7 +64,7 @@ def test_lone_surrogate_names_line_and_field(tmp_path, capsys):
 
 def test_surrogate_pair_is_fine(tmp_path):
     from pipeline.config import InputSection
-    from pipeline.ingest import load_examples
+    from pipeline.inputs.ingest import load_examples
 
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps(ROW).replace("start?", "start? \\ud83d\\ude00") + "\n")
@@ -201,7 +201,7 @@ def finished_run(tmp_path_factory) -> Path:
     from test_judge_pairs import responder
 
     from pipeline.config import load_config
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
 
     tmp = tmp_path_factory.mktemp("run")
     with StandinServer(responder=responder) as s:
@@ -347,7 +347,7 @@ def test_debug_flag_adds_the_traceback(tmp_path, capsys):
 
 
 def test_keyboard_interrupt_and_bugs(tmp_path, capsys, monkeypatch):
-    import pipeline.cli as cli
+    import pipeline.cli.prb as cli
 
     def interrupted(args):
         raise KeyboardInterrupt

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 from eval_split import all_texts, write_split  # noqa: E402
 
 from pipeline.cli import main  # noqa: E402
-from pipeline.errors import InputError  # noqa: E402
+from pipeline.core.errors import InputError  # noqa: E402
 from pipeline.eval import pointwise  # noqa: E402
 from pipeline.eval.pointwise import Encoder, TransformersScorer  # noqa: E402
 from pipeline.eval.spec import parse_spec  # noqa: E402

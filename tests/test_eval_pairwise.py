@@ -20,9 +20,9 @@ from eval_split import (
 )
 from standin_server import StandinServer
 
-from pipeline import schemas
 from pipeline.cli import main
 from pipeline.eval.pairwise import parse_text_verdict, verdict_schema
+from pipeline.types import schemas
 
 ROWS = {r["question"]: (i, r) for i, r in enumerate(crafted_rows())}
 _ANSWER = re.compile(r"Answer ([AB]):\n```\n(.*?)\n```", re.S)
@@ -238,7 +238,7 @@ def test_parse_text_verdict_failures(text: str) -> None:
 
 
 def test_ties_only_when_allowed() -> None:
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
     from pipeline.eval.pairwise import verdict_schema
 
     assert verdict_schema(512, ties=False)["properties"]["winner"]["enum"] == ["A", "B"]

@@ -31,7 +31,7 @@ from pipeline.eval import pointwise  # noqa: E402
 from pipeline.eval.data import build_pairs, user_turn  # noqa: E402
 from pipeline.eval.pointwise import Encoder, TransformersScorer  # noqa: E402
 from pipeline.eval.tiny import build_tiny_reward_model  # noqa: E402
-from pipeline.profile import select_profile  # noqa: E402
+from pipeline.types.profile import select_profile  # noqa: E402
 
 SETTINGS = ("question", "profile", "rubric")
 
@@ -367,7 +367,7 @@ def test_folder_without_config_and_missing_extra(
 def test_model_without_chat_template_needs_template_pair(tiny_rm: Path, tmp_path: Path) -> None:
     import shutil
 
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     bare = tmp_path / "bare"
     shutil.copytree(tiny_rm, bare)

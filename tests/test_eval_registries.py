@@ -15,12 +15,12 @@ import pytest
 from eval_split import all_texts, write_split
 
 from pipeline.cli import main
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
+from pipeline.core.registry import Registry
 from pipeline.eval import metrics
 from pipeline.eval.evaluate import Job, Scored, setting_block
 from pipeline.eval.pointwise import ENGINES, Encoder, RMEngine, VLLMScorer
 from pipeline.eval.spec import SCORERS, RewardModel, ScorerKind, describe_options, parse_spec
-from pipeline.registry import Registry
 
 REGISTRIES = [
     (SCORERS, ScorerKind, "rm", RewardModel, "scorer"),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.eval import metrics
 from pipeline.eval.report import find_eval_results, render_eval_html
 from pipeline.eval.results import default_root, leaderboard_rows, render_leaderboard, write_results

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from conftest import write_config
 
-from pipeline import schemas
 from pipeline.backends.openai.dialects import Dialect, schema_statement
-from pipeline.chat import ChatRequest
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 from pipeline.kinds.dialect import DIALECTS, StructuredOutput, next_in_probe, probe_order
 from pipeline.rules import RULES, Hit, PairRule, PairView, RowView, audit, threshold
 from pipeline.run import RunDir
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest
 
 
 class JsonObjectHinted(StructuredOutput):

@@ -2,7 +2,7 @@
 
 Hypothesis generates the files (random bytes, truncated JSON, wrong types, deep nesting,
 5,000-digit integers, lone surrogates, YAML tags) and feeds them to ingest, config loading
-and the audit. The only exceptions allowed out are ``pipeline.errors.PipelineError``
+and the audit. The only exceptions allowed out are ``pipeline.core.errors.PipelineError``
 subclasses, which the CLI prints as one line. What does load must also be safe for the
 later stages: ingested rows encode as UTF-8 JSON, and a loaded config writes a run.yaml
 that loads again to the same settings.
@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import Config, InputSection, load_config
-from pipeline.errors import PipelineError
-from pipeline.ingest import load_examples
+from pipeline.core.errors import PipelineError
+from pipeline.inputs.ingest import load_examples
 
 FUZZ = settings(
     max_examples=250,

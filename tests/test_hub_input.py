@@ -13,8 +13,8 @@ import pytest
 from lamp_repo import CONFIGS, build_lamp_repo, sample_rows
 
 from pipeline.config import InputSection
-from pipeline.errors import InputError
-from pipeline.ingest import expected_examples, load_examples
+from pipeline.core.errors import InputError
+from pipeline.inputs.ingest import expected_examples, load_examples
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "examples" / "sample_lamp.jsonl"
@@ -120,8 +120,8 @@ def test_offline_and_not_cached_says_what_to_download(tmp_path):
     """A Hub name that is not in the cache, offline: one line naming the download."""
     code = (
         "from pipeline.config import InputSection\n"
-        "from pipeline.errors import InputError\n"
-        "from pipeline.ingest import load_examples\n"
+        "from pipeline.core.errors import InputError\n"
+        "from pipeline.inputs.ingest import load_examples\n"
         "try:\n"
         "    load_examples(InputSection(format='hub', dataset='alireza7/LaMP-QA',\n"
         "        configs=['Art_and_Entertainment', 'Society_and_Culture'], split='test'))\n"
@@ -170,7 +170,7 @@ def test_a_named_pipe_in_a_local_repository_is_refused_at_load(tmp_path):
     from conftest import write_config
 
     from pipeline.config import load_config
-    from pipeline.errors import ConfigError
+    from pipeline.core.errors import ConfigError
 
     repo = build_lamp_repo(tmp_path / "repo")
     os.mkfifo(repo / CONFIGS[0] / "extra.parquet")

@@ -1,4 +1,4 @@
-"""Tests for pipeline.ingest: the three input formats and clear errors on bad input."""
+"""Tests for pipeline.inputs.ingest: the three input formats and clear errors on bad input."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import InputSection
-from pipeline.errors import InputError
-from pipeline.ids import stable_id
-from pipeline.ingest import load_examples
+from pipeline.core.errors import InputError
+from pipeline.core.ids import stable_id
+from pipeline.inputs.ingest import load_examples
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_LAMP = ROOT / "examples" / "sample_lamp.jsonl"

@@ -14,12 +14,12 @@ import pytest
 from conftest import write_config
 
 from pipeline.config import InputSection, load_config
-from pipeline.errors import ConfigError, InputError
-from pipeline.ids import stable_id
-from pipeline.ingest import expected_examples, load_examples
+from pipeline.core.errors import ConfigError, InputError
+from pipeline.core.ids import stable_id
 from pipeline.inputs import FORMATS, InputFormat
 from pipeline.inputs.base import Loc, Unique, example_row, profile, question_fields
-from pipeline.orchestrate import run_pipeline
+from pipeline.inputs.ingest import expected_examples, load_examples
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
 
 

@@ -12,7 +12,7 @@ import sqlite3
 from conftest import write_config
 
 from pipeline.config import load_config
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
 from pipeline.stages.base import Context
 from pipeline.stages.judge import MEMO_KIND, JudgeStage

@@ -17,14 +17,14 @@ import pytest
 from conftest import write_config
 from standin_server import StandinServer
 
-from pipeline.cache import RequestCache
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.errors import StageError
-from pipeline.orchestrate import run_pipeline
+from pipeline.core.errors import StageError
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.rules import Answer as Text
 from pipeline.rules import RuleSet
 from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
 
 WORDS = (
     "practical simple steady weekly small clear useful daily quick gentle focused honest "

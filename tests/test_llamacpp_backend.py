@@ -23,15 +23,16 @@ import pytest
 import yaml
 from conftest import write_config
 
-from pipeline import schemas
 from pipeline.backends import llamacpp_backend as lb
 from pipeline.backends.factory import make_backend, preflight
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import Config, load_config
-from pipeline.errors import BackendError, StageError
-from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
-from pipeline.llm import LLMRunner
+from pipeline.core.errors import BackendError, StageError
+from pipeline.engine.llm import LLMRunner
+from pipeline.kinds.backend import BackendSection
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
+from pipeline.run.cache import RequestCache
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -269,7 +270,7 @@ def test_missing_llama_cpp_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_package_import_does_not_import_llama_cpp():
     code = (
         "import sys, pipeline, pipeline.backends, pipeline.backends.factory, "
-        "pipeline.backends.llamacpp_backend, pipeline.llm, pipeline.config; "
+        "pipeline.backends.llamacpp_backend, pipeline.engine.llm, pipeline.config; "
         "assert 'llama_cpp' not in sys.modules, 'imported'"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -536,7 +537,7 @@ def test_real_answers_map_like_vllm(real_backend: Any):
 def test_real_grammar_answers_to_every_stage_prompt_pass_schemas_parse(real_backend: Any):
     """Each stage's prompt and schema, answered by SmolLM2 under llama.cpp's grammar:
     every answer that completes parses and validates (the model's content may be junk)."""
-    from pipeline.prompts import load_template
+    from pipeline.types.prompts import load_template
 
     lb.shutdown_engines()
     backend = lb.LlamaCppBackend(BackendSection(name="llamacpp"))

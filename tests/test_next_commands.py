@@ -15,8 +15,8 @@ import pytest
 from conftest import write_config
 
 from pipeline.cli import main
+from pipeline.cli.errorline import format_error
 from pipeline.config import load_config
-from pipeline.errorline import format_error
 from pipeline.kinds.stages import ORDER
 from pipeline.plan import estimate
 from pipeline.run import RunDir

@@ -19,11 +19,11 @@ from standin_server import StandinServer
 
 from pipeline.backends.openai.backend import OpenAIBackend
 from pipeline.backends.replay import ReplayBackend
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import BackendSection
-from pipeline.errors import BackendError, StageError
-from pipeline.llm import REASK_TEMPLATE, Answer, Failure, LLMRunner
+from pipeline.core.errors import BackendError, StageError
+from pipeline.engine.llm import REASK_TEMPLATE, Answer, Failure, LLMRunner
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 MODEL = "standin-model"
 SCHEMA = {

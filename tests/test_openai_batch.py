@@ -20,8 +20,8 @@ from provider_batches import BatchesServer
 from standin_server import StandinServer
 
 from pipeline.config import load_config
-from pipeline.errors import StageError
-from pipeline.orchestrate import run_pipeline
+from pipeline.core.errors import StageError
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -284,9 +284,8 @@ def test_a_batch_created_but_not_recorded_is_found_again(tmp_path):
     from pipeline.backends.openai.backend import OpenAIBackend
     from pipeline.backends.openai.batch import Ledger
     from pipeline.backends.openai.lines import request_line
-    from pipeline.chat import ChatRequest
-    from pipeline.kinds.backend import RequestFeed
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import BackendSection, RequestFeed
+    from pipeline.types.chat import ChatRequest
 
     with BatchesServer() as server:
         cfg = BackendSection.model_validate(
@@ -411,8 +410,8 @@ def test_plan_shows_the_batch_price_beside_the_standard_one(tmp_path):
 
 
 def test_a_batch_run_is_budgeted_and_accounted_at_batch_rates(tmp_path):
-    from pipeline.budget import cost_usd, make_budget
-    from pipeline.cache import RequestCache
+    from pipeline.engine.budget import cost_usd, make_budget
+    from pipeline.run.cache import RequestCache
 
     with BatchesServer() as server:
         rd = run_sample(tmp_path, server, "priced", True, *PRICES)
@@ -435,7 +434,7 @@ def test_a_batch_run_is_budgeted_and_accounted_at_batch_rates(tmp_path):
 
 
 def test_one_batch_price_without_the_other_is_refused_at_load(tmp_path):
-    from pipeline.errors import ConfigError
+    from pipeline.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
         load_config(SAMPLE_CONFIG, ["run.prices.batch_input_usd_per_million=1.25"])
@@ -500,16 +499,15 @@ def test_the_api_limit_of_50000_requests_a_file_holds_at_the_defaults(tmp_path):
     """The split at the real limit (the tests above use a small one): 60,000 requests make
     a file of 50,000 and one of 10,000, each line once, in order."""
     from pipeline.backends.openai.backend import OpenAIBackend
-    from pipeline.backends.openai.batch import BatchRunner
-    from pipeline.chat import ChatRequest
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import BackendSection
+    from pipeline.types.chat import ChatRequest
 
     cfg = BackendSection.model_validate({"openai": {"batch": True}})
     assert cfg.openai.batch_max_requests == 50_000
     assert cfg.openai.batch_max_bytes == 200_000_000
     backend = OpenAIBackend.build(cfg, cache_path=tmp_path / "cache.sqlite")
     assert backend.window == 50_000
-    runner = BatchRunner(backend, tmp_path / "openai-batches")
+    runner = backend._batches()
     reqs = [ChatRequest(messages=(("user", f"q{i}"),), model="m") for i in range(60_000)]
     waiters = {r.key: [(i, r)] for i, r in enumerate(reqs)}
     files, too_big = runner._split(list(waiters), waiters)
@@ -524,7 +522,7 @@ def test_the_api_limit_of_50000_requests_a_file_holds_at_the_defaults(tmp_path):
 
 def test_killed_after_a_batch_is_stored_but_before_the_cache_holds_it(tmp_path, reference):
     """The narrowest window: the batch is final and its results are stored beside its
-    record, then the process dies (pipeline/io.py's failpoints) before the runner commits
+    record, then the process dies (pipeline/core/io.py's failpoints) before the runner commits
     them. The next run answers them from the stored file: no poll, no new batch."""
     import re
 

@@ -18,9 +18,9 @@ import pytest
 from conftest import disk_state, write_config
 from standin_server import StandinServer
 
-from pipeline.cli import build_parser, main
+from pipeline.cli.prb import build_parser, main
 from pipeline.config import load_config
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run.outputs import LEFT_AS_IT_IS
 
 OUT_FLAGS = ("--out", "-o")

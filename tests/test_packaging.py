@@ -30,7 +30,7 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
         "pipeline/_data/annotation/README.md",
         "pipeline/_data/configs/quickstart.yaml",
         "pipeline/_data/examples/quickstart/cache.jsonl",
-        "pipeline/cli.py",
+        "pipeline/cli/prb.py",
     ):
         assert needed in names
     assert not any(n.startswith(("tests/", "outputs/")) for n in names)
@@ -52,7 +52,7 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
         capture_output=True,
     )
     code = (
-        "import pipeline, pipeline.resources as r, pipeline.quickstart as q; "
+        "import pipeline, pipeline.core.resources as r, pipeline.quickstart as q; "
         "print(pipeline.__file__); print(r.data_dir('prompts')); print(q.quickstart_config())"
     )
     out = subprocess.run(
@@ -70,7 +70,8 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
     # the code in each stage's fingerprint is read from the installed modules and hashes
     # as the checkout's does: a run moved between the two re-does nothing
     code = (
-        "import json, pipeline.stages.base as b; from pipeline.kinds.stages import ORDER, STAGES; "
+        "import json, pipeline.stages.base as b; from pipeline.kinds.stages import ORDER; "
+        "from pipeline.stages import STAGES; "
         "print(b.__file__); "
         "print(json.dumps({n: STAGES.get(n)().code_fingerprint() for n in ORDER}))"
     )
@@ -82,7 +83,8 @@ def test_wheel_ships_data_and_finds_it(tmp_path):
         capture_output=True,
         text=True,
     ).stdout.splitlines()
-    from pipeline.kinds.stages import ORDER, STAGES
+    from pipeline.kinds.stages import ORDER
+    from pipeline.stages import STAGES
 
     assert out[0].startswith(str(target))
     assert json.loads(out[1]) == {n: STAGES.get(n)().code_fingerprint() for n in ORDER}

@@ -14,8 +14,8 @@ from standin_server import StandinServer
 
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.errors import BackendError, InputError, StageError
-from pipeline.orchestrate import run_pipeline
+from pipeline.core.errors import BackendError, InputError, StageError
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
 
 N_EXAMPLES = 12

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import disk_state, write_config
 
-from pipeline.budget import LLM_STAGES
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.orchestrate import run_pipeline
+from pipeline.engine.budget import LLM_STAGES
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.plan import Plan, StageEstimate, estimate
 from pipeline.run import RunDir
 
@@ -222,7 +222,7 @@ def test_the_gguf_tokenizer_counts_what_llama_cpp_reports(tmp_path, server):
     import llama_cpp
 
     from pipeline.backends.gguf import gguf_token_count
-    from pipeline.kinds.stages import STAGES
+    from pipeline.stages import STAGES
     from pipeline.stages.base import Context
 
     cfg = write_config(tmp_path, server, rubrics={"source": "generated"})
@@ -264,8 +264,8 @@ def test_a_local_transformers_tokenizer_is_used_with_its_chat_template(tmp_path,
     plan = estimate(load_config(cfg))
     resp = _stage(plan, "responses")
     assert "transformers" in resp.tokens and "chat template" in resp.tokens
-    from pipeline.chat import ChatRequest
     from pipeline.plan import hf_counter
+    from pipeline.types.chat import ChatRequest
 
     req = ChatRequest((("system", "the a"), ("user", "of to and")), "m")
     ids = fast.apply_chat_template(req.message_dicts(), tokenize=True, add_generation_prompt=True)

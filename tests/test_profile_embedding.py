@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.profile import rank_bm25, select_profile
+from pipeline.types.profile import rank_bm25, select_profile
 
 _missing = [
     m

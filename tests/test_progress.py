@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from pipeline.progress import Progress
+from pipeline.core.progress import Progress
 
 
 def test_progress_counts_and_shows_tokens_per_second(monkeypatch):

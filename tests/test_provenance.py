@@ -64,7 +64,7 @@ def test_another_backend_under_the_same_run_gets_none_of_the_first_ones_answers(
 
 
 def test_the_identity_is_part_of_every_request_key(tmp_path):
-    from pipeline.cache import RequestCache
+    from pipeline.run.cache import RequestCache
 
     with StandinServer() as s:
         cfg = write_config(tmp_path, s, input={"limit": 2})

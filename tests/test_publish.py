@@ -21,8 +21,8 @@ from test_judge_pairs import responder
 
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.errors import PipelineError, StageError
-from pipeline.orchestrate import run_pipeline
+from pipeline.core.errors import PipelineError, StageError
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.publish import DATA_FILE, publish
 from pipeline.run import RunDir
 
@@ -493,7 +493,7 @@ def test_two_releases_in_folders_of_one_name_load_their_own_rows(run, tmp_path):
 
 
 def test_card_names_each_data_file_by_digest_and_tells_how_to_push(run, tmp_path):
-    from pipeline.io import file_digest
+    from pipeline.core.io import file_digest
 
     out = tmp_path / "rel"
     publish(None, run, out_dir=out)

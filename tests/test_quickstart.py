@@ -90,7 +90,7 @@ def test_a_local_quickstart_that_kept_nothing_names_a_whole_command(tmp_path):
     take: it is now the whole `prb run` line, and the CLI parses it."""
     import shlex
 
-    from pipeline.cli import build_parser
+    from pipeline.cli.prb import build_parser
     from pipeline.quickstart import next_steps
 
     text = next_steps({"run_dir": str(tmp_path / "out" / "quickstart-local"), "kept": 0})

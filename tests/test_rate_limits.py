@@ -24,9 +24,9 @@ from standin_server import StandinServer
 
 from pipeline.backends.openai.backend import OpenAIBackend
 from pipeline.backends.openai.ratelimit import RESERVE, RateLimiter, Ticket, parse_duration
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import BackendSection
 from pipeline.kinds.settings import OpenAISettings
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 MODEL = "standin-model"
 

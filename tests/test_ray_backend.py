@@ -28,13 +28,13 @@ from standin_server import StandinServer
 
 from pipeline.backends.factory import make_backend
 from pipeline.backends.ray_backend import RayBackend, init_local_ray, vllm_rows
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import BackendSection, load_config
-from pipeline.errors import BackendError
-from pipeline.llm import Answer, Failure, LLMRunner
-from pipeline.orchestrate import run_pipeline
+from pipeline.core.errors import BackendError
+from pipeline.engine.llm import Answer, Failure, LLMRunner
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 pytestmark = pytest.mark.ray
 
@@ -526,7 +526,7 @@ import asyncio, builtins, sys, threading
 sys.path.insert(0, "tests")
 from standin_server import StandinServer
 from pipeline.backends.ray_backend import RayBackend, init_local_ray
-from pipeline.chat import ChatRequest
+from pipeline.types.chat import ChatRequest
 from pipeline.config import BackendSection
 
 off_main = set()

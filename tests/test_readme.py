@@ -521,7 +521,7 @@ def _subparsers(parser):
 
 def test_the_flags_the_docs_show_exist():
     """Every `--flag` of a quoted or inline `prb ...` command is an option of that command."""
-    from pipeline.cli import build_parser
+    from pipeline.cli.prb import build_parser
 
     root = build_parser()
     spans = re.compile(r"`(prb [^`]+)`")

@@ -26,13 +26,13 @@ from standin_server import StandinServer
 from pipeline.backends.identity import identity_id
 from pipeline.backends.openai.backend import OpenAIBackend
 from pipeline.backends.reasoning import split, split_choice
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, Choice, output_bound
 from pipeline.config import BackendSection, load_config
-from pipeline.ids import canonical_json
-from pipeline.llm import Answer, Failure, Job, LLMRunner
-from pipeline.orchestrate import run_pipeline
+from pipeline.core.ids import canonical_json
+from pipeline.engine.llm import Answer, Failure, Job, LLMRunner
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest, Choice, output_bound
 
 SCHEMA = {
     "type": "object",
@@ -98,7 +98,7 @@ def test_request_keys_change_only_with_a_reasoning_budget_set() -> None:
 
 
 def test_choice_round_trips_its_reasoning_and_old_caches_read_the_same() -> None:
-    from pipeline.chat import ChatResult
+    from pipeline.types.chat import ChatResult
 
     plain = ChatResult([Choice("a", "stop")], 1, 2, "m")
     assert plain.to_dict()["choices"] == [{"text": "a", "finish_reason": "stop"}]
@@ -406,7 +406,7 @@ def test_vllm_backend_reasons_first_and_counts_from_token_ids(fake_vllm, tmp_pat
 
 def test_ray_refuses_a_reasoning_model() -> None:
     from pipeline.backends.ray_backend import RayBackend
-    from pipeline.errors import BackendError
+    from pipeline.core.errors import BackendError
 
     cfg = BackendSection(
         name="ray", model="m", ray={"engine": "vllm"}, vllm={"reasoning": {"enabled": True}}

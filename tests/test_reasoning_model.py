@@ -24,10 +24,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest
-from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, BackendSection
-from pipeline.llm import Answer, Failure, Job, LLMRunner
+from pipeline.engine.llm import Answer, Failure, Job, LLMRunner
+from pipeline.kinds.backend import BackendSection
+from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None

@@ -118,7 +118,7 @@ def test_reference_end_to_end_to_a_release_of_the_three_configs(tmp_path, server
     examples = list(rd.stage("ingest").rows())
     assert Counter(e["category"] for e in examples) == {c: 4 for c in CONFIGS}
     # the profile view is the Contriever ranking, recorded once at ingest
-    from pipeline.profile import rank_contriever
+    from pipeline.types.profile import rank_contriever
 
     ex = examples[0]
     assert ex["profile_view"] == {

@@ -1,4 +1,4 @@
-"""Every kind the project extends is held by one registry class (pipeline/registry.py): each
+"""Every kind the project extends is held by one registry class (pipeline/core/registry.py): each
 refuses a name taken twice, an object that is not a class, a class of the wrong base and a
 class whose own name differs, and answers an unknown name with the closest one. One test
 per kind, over the live registries."""
@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
+from pipeline.core.registry import Registry
 from pipeline.inputs import FORMATS, InputFormat
 from pipeline.kinds.backend import BACKENDS, Backend
-from pipeline.kinds.stages import STAGES
-from pipeline.registry import Registry
 from pipeline.rules import RULES, PairRule
+from pipeline.stages import STAGES
 from pipeline.stages.base import Stage
 
 
@@ -98,7 +98,7 @@ def test_an_unknown_name_suggests_the_closest(kind):
 
 def test_a_lazy_entry_is_checked_when_imported():
     reg: Registry[type] = Registry("widget", Backend)
-    reg.register("not-a-backend", "pipeline.cache:RequestCache")
+    reg.register("not-a-backend", "pipeline.run.cache:RequestCache")
     with pytest.raises(TypeError, match=r"is not a subclass of pipeline\.kinds\.backend\.Backend"):
         reg.get("not-a-backend")
 
@@ -108,7 +108,7 @@ def test_the_backend_sections_are_the_registered_backends_settings():
     ``cfg.backend.openai`` is type-checked); this is what keeps that list true: each
     section is the ``settings`` class of the registered backend of its name, and every
     registered backend with settings has its section."""
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import BackendSection
 
     fields = BackendSection.model_fields
     with_settings = {n for n in BACKENDS.names() if BACKENDS.get(n).settings is not None}

@@ -26,11 +26,10 @@ from standin_server import StandinServer
 
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.errors import InputError
-from pipeline.fields import count_words
-from pipeline.orchestrate import run_pipeline
+from pipeline.core.errors import InputError
+from pipeline.core.fields import count_words
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.publish import DATA_FILE, publish
-from pipeline.records import RecordProblem
 from pipeline.release import (
     COLUMNS,
     REFERENCE_COLUMNS,
@@ -40,6 +39,7 @@ from pipeline.release import (
     features,
 )
 from pipeline.run import RunDir
+from pipeline.types.records import RecordProblem
 
 
 def _quiet(_: str) -> None:
@@ -171,7 +171,7 @@ def test_eval_of_a_copied_release_uses_the_recorded_ranking(embedding_release, t
     from pipeline.config import config_from_overrides
     from pipeline.eval.data import build_pairs, fingerprint
     from pipeline.eval.tiny import build_tiny_reward_model
-    from pipeline.profile import select_profile
+    from pipeline.types.profile import select_profile
 
     copy, _ = embedding_release
     rows = pq.read_table(copy / "all" / DATA_FILE).to_pylist()

@@ -17,7 +17,7 @@ import pytest
 from conftest import write_config
 
 from pipeline.config import load_config
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from conftest import disk_state, write_config
 import pipeline.run.stage as stage_module
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
 
 SMALL = dict(
@@ -242,7 +242,7 @@ def test_a_missing_ranker_extra_is_one_line_before_anything_is_written(
     """profile.ranker contriever without its extra crashed `prb plan` and `prb run` with a
     torch ImportError traceback, after `prb run` had made the run folder. (The libraries
     are installed here: the ranker is made to need one that is not.)"""
-    import pipeline.profile as profile
+    import pipeline.types.profile as profile
 
     monkeypatch.setitem(profile.RANKER_NEEDS, "contriever", (("no_such_module_prb",), "contriever"))
     cfg = write_config(tmp_path, server, profile={"ranker": "contriever"}, **SMALL)

@@ -17,7 +17,7 @@ from standin_server import StandinServer
 
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
 
 

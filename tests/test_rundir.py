@@ -20,8 +20,8 @@ from standin_server import StandinServer
 
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.errors import StageError
-from pipeline.orchestrate import run_pipeline
+from pipeline.core.errors import StageError
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir, StageDir
 
 

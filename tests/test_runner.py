@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from pipeline import schemas
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
-from pipeline.errors import BackendError
+from pipeline.core.errors import BackendError
+from pipeline.engine.llm import Answer, Failure, Job, LLMRunner
 from pipeline.kinds.backend import Backend, RequestFeed
-from pipeline.llm import Answer, Failure, Job, LLMRunner
+from pipeline.run.cache import RequestCache
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest, ChatResult, Choice, RequestFailure
 
 SCHEMA = schemas.pairwise_schema(256)
 
@@ -263,7 +263,7 @@ def test_request_keys_are_the_canonical_json_of_the_request():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from pipeline.ids import canonical_json, content_hash
+    from pipeline.core.ids import canonical_json, content_hash
 
     text = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=60)
     schemas_ = st.sampled_from(

@@ -14,11 +14,11 @@ import jsonschema
 import pytest
 from conftest import write_config
 
-from pipeline import schemas
 from pipeline.config import load_config
-from pipeline.errors import ConfigError
-from pipeline.ids import stable_id
-from pipeline.orchestrate import run_pipeline
+from pipeline.core.errors import ConfigError
+from pipeline.core.ids import stable_id
+from pipeline.orchestration.orchestrate import run_pipeline
+from pipeline.types import schemas
 
 
 def _walk(schema: dict[str, Any], path: str = "$"):

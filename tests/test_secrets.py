@@ -19,7 +19,7 @@ from standin_server import StandinServer
 
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.redact import redact, secret_values, strip_userinfo
+from pipeline.core.redact import redact, secret_values, strip_userinfo
 
 KEY = "sk-fake-llm-key-0123456789abcdef"
 URL_PASSWORD = "hunter2-url-password"
@@ -256,8 +256,8 @@ def test_key_in_the_query_string_of_an_unreachable_server(tmp_path, capsys):
 def test_debug_traceback_is_redacted(tmp_path, capsys, monkeypatch):
     """--debug prints the traceback through the same redaction as the error line: a key
     from the environment, a URL password and a query-string key in an exception's text."""
-    import pipeline.cli as cli
-    from pipeline.errors import BackendError
+    import pipeline.cli.prb as cli
+    from pipeline.core.errors import BackendError
 
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
 

@@ -1,4 +1,4 @@
-"""The code behind a stage's rows is part of its fingerprint (pipeline/sourcehash.py):
+"""The code behind a stage's rows is part of its fingerprint (pipeline/core/sourcehash.py):
 editing a module a stage names re-does that stage (and the later ones), the message names
 the module, an LLM stage re-done this way is answered from the request cache, and an edit
 to comments, docstrings or layout re-does nothing."""
@@ -13,9 +13,10 @@ import zipfile
 import pytest
 from conftest import write_config
 
-from pipeline import sourcehash
 from pipeline.cli import main
-from pipeline.kinds.stages import ORDER, STAGES
+from pipeline.core import sourcehash
+from pipeline.kinds.stages import ORDER
+from pipeline.stages import STAGES
 
 ORIGINAL = sourcehash.read_source
 
@@ -147,7 +148,7 @@ def test_an_llm_stage_re_done_for_its_code_is_answered_from_the_cache(
 
 
 def test_the_message_of_a_stage_finished_before_its_code_was_recorded():
-    from pipeline.orchestrate import explain_change
+    from pipeline.orchestration.orchestrate import explain_change
 
     old = {"pairs": {"quality_floor": 4}, "upstream": {"judge": "a"}}
     new = {**old, "code": {"pipeline.rules.base": "1", "pipeline.rules.pair": "2"}}
@@ -183,7 +184,7 @@ def test_a_stages_code_is_derived_from_what_it_imports():
 
     code = {n: STAGES.get(n)().code for n in ORDER}
     # a module imported since a list was last edited by hand (the prompt files)
-    assert "pipeline.promptfiles" in code["responses"]
+    assert "pipeline.types.promptfiles" in code["responses"]
     # the registry's lazy entries ("module:Class") of the formats ingest reads with
     assert {"pipeline.inputs.jsonl", "pipeline.inputs.tables"} <= set(code["ingest"])
     # followed through: the rules and the parts they import

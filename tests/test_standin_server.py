@@ -21,10 +21,10 @@ import pytest
 from standin_player import count_words, coverage_score
 from standin_server import StandinServer, generate_from_schema
 
-from pipeline import schemas
 from pipeline.config import load_config
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
+from pipeline.types import schemas
 
 ROOT = Path(__file__).resolve().parents[1]
 DIMS = ("correctness", "relevance", "helpfulness")
@@ -332,7 +332,7 @@ def _obj(props: dict) -> dict:
 
 
 IDS = ["a1f0c2d3e4b", "a9e8d7c6b5a", "a0b1c2d3e4f"]
-# the schemas the stages send (pipeline/schemas.py), at their default token budgets
+# the schemas the stages send (pipeline/types/schemas.py), at their default token budgets
 RUBRIC_NEW = schemas.rubric_schema(2, 4, 2048)
 QUALITY_NEW = schemas.quality_schema(1024)
 COVERAGE_NEW, _ = schemas.coverage_schema(len(IDS), 1024)

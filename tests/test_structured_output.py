@@ -10,10 +10,10 @@ from typing import Any
 
 from conftest import write_config
 
-from pipeline import schemas
 from pipeline.config import load_config
-from pipeline.orchestrate import run_pipeline
+from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
+from pipeline.types import schemas
 
 
 def _name(body: dict[str, Any]) -> str | None:

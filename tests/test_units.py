@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, ChatResult, Choice
-from pipeline.errors import ConfigError, PipelineError
-from pipeline.ids import content_hash, stable_id
-from pipeline.io import atomic_open, read_jsonl, write_jsonl_atomic
-from pipeline.profile import select_profile
-from pipeline.prompts import load_template, parse_template
-from pipeline.registry import Registry
-from pipeline.resources import data_dir
+from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.core.ids import content_hash, stable_id
+from pipeline.core.io import atomic_open, read_jsonl, write_jsonl_atomic
+from pipeline.core.registry import Registry
+from pipeline.core.resources import data_dir
 from pipeline.run import StageDir
+from pipeline.run.cache import RequestCache
 from pipeline.stages.responses import DonorEntry, derive_seed, find_donors
 from pipeline.stages.rubrics import make_rubric_row, merge_items
+from pipeline.types.chat import ChatRequest, ChatResult, Choice
+from pipeline.types.profile import select_profile
+from pipeline.types.prompts import load_template, parse_template
 
 
 def test_ids_are_deterministic_and_input_sensitive():
@@ -294,7 +294,7 @@ def test_bm25_scores_equal_rank_bm25():
     from hypothesis import strategies as st
     from rank_bm25 import BM25Plus
 
-    from pipeline.profile import bm25_scores
+    from pipeline.types.profile import bm25_scores
 
     word = st.sampled_from("tea garden chess run poem bake map code paint sleep ink".split())
     doc = st.lists(word, max_size=12)

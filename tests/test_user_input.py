@@ -25,10 +25,10 @@ from standin_server import StandinServer
 from test_errors import one_error_line
 
 from pipeline.backends.openai.backend import OpenAIBackend
-from pipeline.chat import ChatRequest, ChatResult
 from pipeline.cli import main
 from pipeline.config import BackendSection, Config
-from pipeline.fields import visible_text
+from pipeline.core.fields import visible_text
+from pipeline.types.chat import ChatRequest, ChatResult
 
 ROW = {"id": "q1", "question": "How do I start?", "profile": [{"id": "p1", "text": "I paint."}]}
 
@@ -211,8 +211,8 @@ def test_audit_of_a_pipe(tmp_path, capsys):
 
 def test_ingest_called_directly_refuses_a_pipe_too(tmp_path):
     from pipeline.config import InputSection
-    from pipeline.errors import InputError
-    from pipeline.ingest import load_examples
+    from pipeline.core.errors import InputError
+    from pipeline.inputs.ingest import load_examples
 
     pipe = _fifo(tmp_path)
     with pytest.raises(InputError, match="is a named pipe, not a JSONL file"):
@@ -346,7 +346,7 @@ def test_a_key_refused_on_the_requests_stops_the_stage_at_once(tmp_path, monkeyp
             finally:
                 await backend.aclose()
 
-        from pipeline.errors import BackendError
+        from pipeline.core.errors import BackendError
 
         with pytest.raises(BackendError, match=r"refused the API key in \$OPENAI_API_KEY"):
             asyncio.run(go())

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
 from pipeline.config import BackendSection
-from pipeline.errors import BackendError
-from pipeline.llm import Answer, LLMRunner
+from pipeline.core.errors import BackendError
+from pipeline.engine.llm import Answer, LLMRunner
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 MODEL = "fake/model"
 
@@ -449,7 +449,7 @@ def test_package_import_does_not_import_vllm(tmp_path: Path) -> None:
     (tmp_path / "vllm" / "__init__.py").write_text("")
     code = (
         "import sys, pipeline, pipeline.backends, pipeline.backends.factory, "
-        "pipeline.backends.vllm_backend, pipeline.llm; "
+        "pipeline.backends.vllm_backend, pipeline.engine.llm; "
         "assert 'vllm' not in sys.modules"
     )
     root = Path(__file__).resolve().parents[1]
@@ -520,9 +520,9 @@ def test_the_grammar_engine_is_part_of_the_identity_and_decides_the_schema_form(
 ) -> None:
     """xgrammar (the default) is sent schemas without string bounds; guidance (llguidance
     enforces them cheaply) the full ones; the two are different backends to the cache."""
-    from pipeline import schemas
     from pipeline.backends.vllm_backend import VLLMBackend
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import BackendSection
+    from pipeline.types import schemas
 
     default = BackendSection(name="vllm", model=MODEL)
     guided = BackendSection(

@@ -1,6 +1,6 @@
 """Human verification rounds: Label Studio tasks out, annotations and agreement back in.
 
-- ``cli``: the ``prb annotate`` parser and handler (registered by pipeline/cli.py).
+- ``cli``: the ``prb annotate`` parser and handler (registered by pipeline/cli/prb.py).
 - ``errors``: :class:`LabelStudioError`, shared by the other modules.
 - ``tasks``: sample pairs, build gold tasks and the Label Studio task payloads (no server).
 - ``server``: run a local Label Studio in its own virtualenv (``prb annotate serve``).

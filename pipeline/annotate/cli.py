@@ -1,4 +1,4 @@
-"""``prb annotate {serve,export,import}``: the parser and the handler (pipeline/cli.py
+"""``prb annotate {serve,export,import}``: the parser and the handler (pipeline/cli/prb.py
 registers them).
 
 Only argparse, pathlib and the package's errors module are imported at module level, so
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.annotate.errors import LabelStudioError
-from pipeline.cliargs import add_set_option as _add_set
+from pipeline.core.cliargs import add_set_option as _add_set
 
 # Rounds are numbered from 1; a run has a handful. The cap only keeps a typo (an extra
 # digit or two) from naming a folder and a project nobody meant.

@@ -6,7 +6,7 @@ importing none of them, so that sharing it makes no import circle.
 
 from __future__ import annotations
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 
 class LabelStudioError(PipelineError):

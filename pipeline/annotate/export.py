@@ -32,7 +32,8 @@ from pipeline.annotate.tasks import (
     sides_of,
 )
 from pipeline.config import Config
-from pipeline.io import read_json, write_json_atomic
+from pipeline.core.io import read_json, write_json_atomic
+from pipeline.core.redact import public_url
 from pipeline.run import RunDir
 
 CLIENT_TIMEOUT_S = 300.0  # a full project export of thousands of tasks is one response
@@ -50,8 +51,6 @@ def server_url(config: Config) -> str:
 
 def client_url(client: Any) -> str:
     """The server's URL as shown and recorded: without any user:password@ or query key."""
-    from pipeline.redact import public_url
-
     return public_url(str(client._client_wrapper.get_base_url()).rstrip("/"))
 
 
@@ -63,8 +62,6 @@ def check_connection(client: Any, url: str, token_env: str | None = None) -> dic
     """
     import httpx
     from label_studio_sdk.core.api_error import ApiError
-
-    from pipeline.redact import public_url
 
     url = public_url(url)  # only shown in messages from here on
     where = f"${token_env}" if token_env else "the API token"

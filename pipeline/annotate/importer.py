@@ -41,6 +41,7 @@ import json
 import re
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pipeline.annotate.agreement import Annotation, gold_accuracy, majority, summarize
 from pipeline.annotate.errors import LabelStudioError
 from pipeline.annotate.export import check_connection, client_url, connect, find_project
+from pipeline.annotate.rounds import REFUTED, STATUSES, UNRESOLVED, VERIFIED
 from pipeline.annotate.tasks import (
     CHOICE_CONTROL,
     CHOICES,
@@ -60,7 +62,14 @@ from pipeline.annotate.tasks import (
     project_title,
 )
 from pipeline.config import Config
-from pipeline.io import dumps, loads, path_kind, read_json, write_json_atomic, write_jsonl_atomic
+from pipeline.core.io import (
+    dumps,
+    loads,
+    path_kind,
+    read_json,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
 from pipeline.rules.verdicts import direction, prefers
 from pipeline.run import Round, RunDir
 
@@ -368,11 +377,11 @@ def judge_direction(pair: dict | None) -> str | None:
 def verdict(votes: list[str], min_votes: int) -> dict[str, Any]:
     label, share = majority(votes)
     if label == "chosen" and len(votes) >= min_votes:
-        status = "verified"
+        status = VERIFIED
     elif label in ("rejected", "both_bad") and len(votes) >= min_votes:
-        status = "refuted"
+        status = REFUTED
     else:
-        status = "unresolved"
+        status = UNRESOLVED
     return {"majority": label, "share": round(share, 4), "status": status}
 
 
@@ -639,94 +648,160 @@ def summarize_round(
     was (the wrong project, an empty list); a task whose key the round does not have is
     left out and listed in skipped.jsonl."""
     rd = RunDir(run_dir)
-    rnd = rd.round(round_no)
-    local_side = _local_sides(rnd)
-    known = _round_tasks(rnd)
-    min_votes = config.annotation.min_votes
-    source = origin.get("file") or (
-        f"the export of project {origin.get('project_id')} at {origin.get('url')}"
-    )
+    r = _RoundImport(rd.round(round_no), config.annotation.min_votes)
+    r.check(tasks, origin)
+    # what this import changed: in the command's output, not in agreement.json, whose
+    # counts describe the round (so the same export again leaves it as it was)
+    this_import = r.merge(r.exported_votes(users), replace)
+    d = r.decide({p["pair_id"]: p for p in rd.pair_records()})
+    agreement = _agreement(d)
+    summary = agreement["counts"] = r.counted(origin, d, agreement)
+    r.write(d, agreement)
+    files = {"files": str(r.rnd.path), "skipped_file": str(r.rnd.skipped)}
+    return summary | this_import | {"replaced": replace, "skipped": r.skipped} | files
 
-    skipped: list[dict[str, Any]] = []
-    counts: Counter = Counter()
-    keys_seen: Counter = Counter()
-    new_rows: list[dict] = []
-    task_ids_of: dict[str, set[Any]] = {}  # the tasks carrying each key, in this export
-    checked = _check_tasks(tasks, skipped)
-    if not any(data is not None and data.task_key in known for _, data in checked):
-        ours = sum(data is not None for _, data in checked)
+
+@dataclass
+class _Decided:
+    """What a round's votes decide: the rows of its files and what agreement is read from."""
+
+    rows: list[dict] = field(default_factory=list)  # annotations.jsonl
+    verdicts: list[dict] = field(default_factory=list)  # verdicts.jsonl
+    adjudicate: list[dict] = field(default_factory=list)  # adjudication.jsonl
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    pair_votes: list[Annotation] = field(default_factory=list)
+    gold_votes: list[Annotation] = field(default_factory=list)
+    gold_map: dict[str, str] = field(default_factory=dict)
+    judge_map: dict[str, str] = field(default_factory=dict)
+
+
+class _RoundImport:
+    """One import of a round, step by step (:func:`summarize_round`): what it counts and
+    leaves out as it goes is kept here."""
+
+    def __init__(self, rnd: Round, min_votes: int) -> None:
+        self.rnd, self.min_votes = rnd, min_votes
+        self.local_side = _local_sides(rnd)
+        self.known = _round_tasks(rnd)
+        self.skipped: list[dict[str, Any]] = []
+        self.counts: Counter = Counter()
+        self.keys_seen: Counter = Counter()
+        self.task_ids_of: dict[str, set[Any]] = {}  # the tasks carrying each key
+        self.latest: list[dict[str, Any]] = []
+
+    def check(self, tasks: list[Any], origin: dict[str, Any]) -> None:
+        """Refuse an export that holds none of the round's tasks; keep each task's data."""
+        self.checked = _check_tasks(tasks, self.skipped)
+        if any(data is not None and data.task_key in self.known for _, data in self.checked):
+            return
+        source = origin.get("file") or (
+            f"the export of project {origin.get('project_id')} at {origin.get('url')}"
+        )
+        ours = sum(data is not None for _, data in self.checked)
         what = (
             "no tasks"
             if not tasks
             else f"{len(tasks)} tasks, {ours} with a task_key, none of them this round's"
         )
+        n = self.rnd.number
         raise LabelStudioError(
-            f"{source}: holds none of round {round_no}'s {len(known)} tasks ({what}); nothing "
-            f"was imported and the round is left as it was; export round {round_no}'s own "
+            f"{source}: holds none of round {n}'s {len(self.known)} tasks ({what}); nothing "
+            f"was imported and the round is left as it was; export round {n}'s own "
             "project (Export > JSON) and import that"
         )
-    for task, data in checked:
-        if data is None:
-            counts["foreign_tasks"] += 1
-            continue
-        key = data.task_key
-        if key not in known:
-            skipped.append(
-                _skip(task.id, key, f"task_key {key!r} is not a task of round {round_no} "
-                      f"(not in {rnd.tasks.name}); its votes were not imported")
-            )  # fmt: skip
-            continue
-        try:
-            task_rows, superseded = vote_rows(task, data, users, local_side, skipped)
-        except SkippedError as exc:
-            skipped.append(_skip(task.id, key, str(exc)))
-            continue
-        keys_seen[key] += 1
-        task_ids_of.setdefault(key, set()).add(task.id)
-        counts["superseded"] += superseded
-        counts["annotations_total"] += len(task.annotations or [])
-        for r in task_rows:  # the pair comes from the round, not from the export
-            r["pair_id"], r["gold"] = known[key]["pair_id"], known[key]["gold"]
-        new_rows.extend(task_rows)
 
-    # merge: this export's rows replace the same annotations of earlier imports
-    earlier = [] if replace else [r for r in _earlier_rows(rnd) if r["task_key"] in known]
-    merged = {_row_key(r): r for r in earlier}
-    incoming = {_row_key(r): r for r in new_rows}  # a task twice in the export: once
-    fresh = sum(k not in merged for k in incoming)
-    changed = sum(k in merged and merged[k] != r for k, r in incoming.items())
-    merged.update(incoming)
-    latest, superseded_later = _latest(list(merged.values()))
-    counts["superseded"] += superseded_later
+    def exported_votes(self, users: dict[int, str]) -> list[dict]:
+        """The vote rows of the export's tasks of this round (others are skipped)."""
+        new_rows: list[dict] = []
+        for task, data in self.checked:
+            if data is None:
+                self.counts["foreign_tasks"] += 1
+                continue
+            key = data.task_key
+            if key not in self.known:
+                self.skipped.append(
+                    _skip(task.id, key, f"task_key {key!r} is not a task of round "
+                          f"{self.rnd.number} (not in {self.rnd.tasks.name}); its votes "
+                          "were not imported")
+                )  # fmt: skip
+                continue
+            try:
+                task_rows, superseded = vote_rows(task, data, users, self.local_side, self.skipped)
+            except SkippedError as exc:
+                self.skipped.append(_skip(task.id, key, str(exc)))
+                continue
+            self.keys_seen[key] += 1
+            self.task_ids_of.setdefault(key, set()).add(task.id)
+            self.counts["superseded"] += superseded
+            self.counts["annotations_total"] += len(task.annotations or [])
+            for r in task_rows:  # the pair comes from the round, not from the export
+                r["pair_id"], r["gold"] = self.known[key]["pair_id"], self.known[key]["gold"]
+            new_rows.extend(task_rows)
+        return new_rows
 
-    # every task of the round this export or an earlier import holds, annotated or not
-    by_key: dict[str, list[dict]] = {k: [] for k in task_ids_of}
-    for r in latest:
-        by_key.setdefault(r["task_key"], []).append(r)
-        task_ids_of.setdefault(r["task_key"], set()).add(r.get("task_id"))
-    pairs = {p["pair_id"]: p for p in rd.pair_records()}
+    def merge(self, new_rows: list[dict], replace: bool) -> dict[str, int]:
+        """This export's rows replace the same annotations of earlier imports; then each
+        annotator's latest vote per task. Returns what this import changed."""
+        known = self.known
+        earlier = [] if replace else [r for r in _earlier_rows(self.rnd) if r["task_key"] in known]
+        merged = {_row_key(r): r for r in earlier}
+        incoming = {_row_key(r): r for r in new_rows}  # a task twice in the export: once
+        fresh = sum(k not in merged for k in incoming)
+        changed = sum(k in merged and merged[k] != r for k, r in incoming.items())
+        merged.update(incoming)
+        self.latest, superseded_later = _latest(list(merged.values()))
+        self.counts["superseded"] += superseded_later
+        return {
+            "new_votes": fresh,
+            "changed_votes": changed,
+            "kept_from_earlier_imports": len(earlier),
+        }
 
-    rows: list[dict] = []
-    verdict_rows: list[dict] = []
-    adjudicate: list[dict] = []
-    conflicts: list[dict[str, Any]] = []
-    pair_votes: list[Annotation] = []
-    gold_votes: list[Annotation] = []
-    gold_map: dict[str, str] = {}
-    judge_map: dict[str, str] = {}
+    def decide(self, pairs: dict[str, dict[str, Any]]) -> _Decided:
+        """Every task of the round this export or an earlier import holds, annotated or
+        not, in the order of its first task id: its votes pooled, a pair's verdict and
+        whether it goes to adjudication, a gold task's votes graded."""
+        by_key: dict[str, list[dict]] = {k: [] for k in self.task_ids_of}
+        for r in self.latest:
+            by_key.setdefault(r["task_key"], []).append(r)
+            self.task_ids_of.setdefault(r["task_key"], set()).add(r.get("task_id"))
 
-    def first_task(key: str) -> tuple[int, str]:
-        ids = [t for t in task_ids_of[key] if isinstance(t, int)]
-        return (min(ids) if ids else 0, key)
+        def first_task(key: str) -> tuple[int, str]:
+            ids = [t for t in self.task_ids_of[key] if isinstance(t, int)]
+            return (min(ids) if ids else 0, key)
 
-    for key in sorted(by_key, key=first_task):
-        task_rows, conflict, dropped = _pool(by_key[key])
-        counts["pooled_duplicates"] += dropped
-        rows.extend(task_rows)
-        pair_id, gold = known[key]["pair_id"], known[key]["gold"]
-        if conflict is not None:
-            conflicts.append({"task_key": key, "pair_id": pair_id, **conflict})
-        # one vote per annotator: one who voted differently on two copies has none
+        d = _Decided()
+        for key in sorted(by_key, key=first_task):
+            task_rows, conflict, dropped = _pool(by_key[key])
+            self.counts["pooled_duplicates"] += dropped
+            d.rows.extend(task_rows)
+            pair_id, gold = self.known[key]["pair_id"], self.known[key]["gold"]
+            if conflict is not None:
+                d.conflicts.append({"task_key": key, "pair_id": pair_id, **conflict})
+            votes = self._votes(task_rows)
+            sink = d.gold_votes if gold else d.pair_votes
+            sink.extend(Annotation(key, r["annotator"], r["label"]) for r in votes)
+            if gold:
+                self.counts["gold_tasks"] += 1
+                d.gold_map[key] = "chosen"  # the on-topic answer always plays the chosen side
+                continue
+            self.counts["pair_tasks"] += 1
+            row = self._verdict_row(key, pair_id, votes, conflict, pairs.get(pair_id))
+            if row["judge"] is not None:
+                d.judge_map[key] = row["judge"]
+            d.verdicts.append(row)
+            reasons = ["conflicting_copies"] if conflict is not None else []
+            if row["n_votes"] >= 2 and row["majority"] is None:
+                reasons.append("no_majority")
+            reasons += [f for f in FLAG_NAMES if row["flags"][f]]
+            if reasons:
+                comments = [r["comment"] for r in votes if r["comment"]]
+                d.adjudicate.append(row | {"reasons": reasons, "comments": comments})
+        return d
+
+    def _votes(self, task_rows: list[dict]) -> list[dict]:
+        """A task's votes: one per annotator; one who voted differently on two copies has
+        none."""
         by_annotator: dict[str, set[str]] = {}
         for r in task_rows:
             if r["label"] is not None:
@@ -734,26 +809,25 @@ def summarize_round(
         voted = {a: next(iter(ls)) for a, ls in by_annotator.items() if len(ls) == 1}
         votes = [r for r in task_rows if r["label"] is not None and str(r["annotator"]) in voted]
         votes = list({str(r["annotator"]): r for r in votes}.values())
-        counts["cancelled"] += sum(r["was_cancelled"] for r in task_rows)
-        counts["empty"] += sum(not r["was_cancelled"] and r["label"] is None for r in task_rows)
-        counts["annotated_tasks" if votes else "unannotated_tasks"] += 1
-        sink = gold_votes if gold else pair_votes
-        sink.extend(Annotation(key, r["annotator"], r["label"]) for r in votes)
-        if gold:
-            counts["gold_tasks"] += 1
-            gold_map[key] = "chosen"  # the on-topic answer always plays the chosen side
-            continue
-        counts["pair_tasks"] += 1
-        direction = judge_direction(pairs.get(pair_id)) if pair_id is not None else None
-        if direction is not None:
-            judge_map[key] = direction
+        self.counts["cancelled"] += sum(r["was_cancelled"] for r in task_rows)
+        self.counts["empty"] += sum(
+            not r["was_cancelled"] and r["label"] is None for r in task_rows
+        )
+        self.counts["annotated_tasks" if votes else "unannotated_tasks"] += 1
+        return votes
+
+    def _verdict_row(
+        self, key: str, pair_id: str | None, votes: list[dict], conflict: dict | None,
+        pair: dict | None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """A pair task's row of verdicts.jsonl."""
         labels = [r["label"] for r in votes]
-        v = verdict(labels, min_votes)
+        v = verdict(labels, self.min_votes)
         if conflict is not None:
-            v["status"] = "unresolved"  # a copy never decides a pair
+            v["status"] = UNRESOLVED  # a copy never decides a pair
         flags = Counter(f for r in votes for f in r["flags"])
         confs = [r["confidence"] for r in votes if r["confidence"] is not None]
-        task_ids = sorted(task_ids_of[key], key=lambda t: (str(type(t)), t))
+        task_ids = sorted(self.task_ids_of[key], key=lambda t: (str(type(t)), t))
         row = {
             "pair_id": pair_id,
             "task_key": key,
@@ -763,94 +837,78 @@ def summarize_round(
             **v,
             "flags": {f: flags.get(f, 0) for f in FLAG_NAMES},
             "mean_confidence": round(sum(confs) / len(confs), 3) if confs else None,
-            "judge": direction,
+            "judge": judge_direction(pair) if pair_id is not None else None,
             "annotators": [r["annotator"] for r in votes],
         }
         if len(task_ids) > 1:
             row["task_ids"] = task_ids
         if conflict is not None:
             row["conflict"] = conflict["why"]
-        verdict_rows.append(row)
-        counts[v["status"]] += 1
-        reasons = []
-        if conflict is not None:
-            reasons.append("conflicting_copies")
-        if len(labels) >= 2 and v["majority"] is None:
-            reasons.append("no_majority")
-        reasons += [f for f in FLAG_NAMES if flags.get(f)]
-        if reasons:
-            comments = [r["comment"] for r in votes if r["comment"]]
-            adjudicate.append(row | {"reasons": reasons, "comments": comments})
+        self.counts[v["status"]] += 1
+        return row
 
-    agreement = summarize(pair_votes, judge=judge_map)
-    agreement["gold_accuracy"] = gold_accuracy(gold_votes, gold_map)
-    agreement["gold_votes"] = len(gold_votes)
+    def counted(
+        self, origin: dict[str, Any], d: _Decided, agreement: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The round's counts (agreement.json's, and the command's output)."""
+        c, skipped, min_votes = self.counts, self.skipped, self.min_votes
+        short = [r for r in d.verdicts if 0 < r["n_votes"] < min_votes]
+        return {
+            "round": self.rnd.number,
+            "project_id": origin["project_id"],
+            "url": origin["url"],
+            "export_file": origin["file"],
+            "tasks": len(self.keys_seen),
+            "pair_tasks": c["pair_tasks"],
+            "gold_tasks": c["gold_tasks"],
+            "foreign_tasks": c["foreign_tasks"],
+            "duplicate_task_keys": sum(n - 1 for n in self.keys_seen.values() if n > 1),
+            "annotated_tasks": c["annotated_tasks"],
+            "unannotated_tasks": c["unannotated_tasks"],
+            "annotations_total": c["annotations_total"],
+            "annotation_rows": len(d.rows),
+            "votes": len(d.pair_votes) + len(d.gold_votes),
+            "pooled_duplicates": c["pooled_duplicates"],
+            "conflicts": len(d.conflicts),
+            "conflicting_pairs": d.conflicts,
+            "cancelled": c["cancelled"],
+            "empty": c["empty"],
+            "superseded": c["superseded"],
+            "skipped_tasks": sum(1 for s in skipped if s["kind"] == "task"),
+            "skipped_annotations": sum(1 for s in skipped if s["kind"] == "annotation"),
+            "annotators": len({r["annotator"] for r in d.rows}),
+            **{s: c[s] for s in STATUSES},
+            "adjudication": len(d.adjudicate),
+            "min_votes": min_votes,
+            "short_of_votes": len(short),
+            "votes_note": votes_note(len(short), len(d.verdicts), min_votes, short),
+            "krippendorff_alpha": agreement["krippendorff_alpha"],
+            "raw_agreement": agreement["raw_agreement"],
+            "gold_accuracy_overall": agreement["gold_accuracy_overall"],
+        }
+
+    def write(self, d: _Decided, agreement: dict[str, Any]) -> None:
+        """The round's files; the same export imported again leaves agreement.json as it
+        was, its time included."""
+        rnd = self.rnd
+        _write_rows(rnd.annotations, d.rows)
+        _write_rows(rnd.verdicts, d.verdicts)
+        _write_rows(rnd.adjudication, d.adjudicate)
+        _write_rows(rnd.skipped, self.skipped)
+        before = _earlier_agreement(rnd)
+        if before is None or _without_time(before) != _without_time(agreement):
+            write_json_atomic(rnd.agreement, agreement | {"time": time.time()})
+
+
+def _agreement(d: _Decided) -> dict[str, Any]:
+    """Agreement among the annotators, with the judge, and on the gold tasks."""
+    agreement = summarize(d.pair_votes, judge=d.judge_map)
+    agreement["gold_accuracy"] = gold_accuracy(d.gold_votes, d.gold_map)
+    agreement["gold_votes"] = len(d.gold_votes)
     n_gold_right = sum(v["correct"] for v in agreement["gold_accuracy"].values())
     n_gold_graded = sum(v["n"] for v in agreement["gold_accuracy"].values())
     agreement["gold_accuracy_overall"] = n_gold_right / n_gold_graded if n_gold_graded else None
-
-    short = [r for r in verdict_rows if 0 < r["n_votes"] < min_votes]
-    summary = {
-        "round": round_no,
-        "project_id": origin["project_id"],
-        "url": origin["url"],
-        "export_file": origin["file"],
-        "tasks": len(keys_seen),
-        "pair_tasks": counts["pair_tasks"],
-        "gold_tasks": counts["gold_tasks"],
-        "foreign_tasks": counts["foreign_tasks"],
-        "duplicate_task_keys": sum(n - 1 for n in keys_seen.values() if n > 1),
-        "annotated_tasks": counts["annotated_tasks"],
-        "unannotated_tasks": counts["unannotated_tasks"],
-        "annotations_total": counts["annotations_total"],
-        "annotation_rows": len(rows),
-        "votes": len(pair_votes) + len(gold_votes),
-        "pooled_duplicates": counts["pooled_duplicates"],
-        "conflicts": len(conflicts),
-        "conflicting_pairs": conflicts,
-        "cancelled": counts["cancelled"],
-        "empty": counts["empty"],
-        "superseded": counts["superseded"],
-        "skipped_tasks": sum(1 for s in skipped if s["kind"] == "task"),
-        "skipped_annotations": sum(1 for s in skipped if s["kind"] == "annotation"),
-        "annotators": len({r["annotator"] for r in rows}),
-        "verified": counts["verified"],
-        "refuted": counts["refuted"],
-        "unresolved": counts["unresolved"],
-        "adjudication": len(adjudicate),
-        "min_votes": min_votes,
-        "short_of_votes": len(short),
-        "votes_note": votes_note(len(short), len(verdict_rows), min_votes, short),
-        "krippendorff_alpha": agreement["krippendorff_alpha"],
-        "raw_agreement": agreement["raw_agreement"],
-        "gold_accuracy_overall": agreement["gold_accuracy_overall"],
-    }
-    agreement["counts"] = summary
-    _write_rows(rnd.annotations, rows)
-    _write_rows(rnd.verdicts, verdict_rows)
-    _write_rows(rnd.adjudication, adjudicate)
-    _write_rows(rnd.skipped, skipped)
-    # the same export imported again leaves agreement.json as it was, its time included
-    before = _earlier_agreement(rnd)
-    if before is None or _without_time(before) != _without_time(agreement):
-        write_json_atomic(rnd.agreement, agreement | {"time": time.time()})
-    # what this import changed: in the command's output, not in agreement.json, whose
-    # counts describe the round (so the same export again leaves it as it was)
-    this_import = {
-        "new_votes": fresh,
-        "changed_votes": changed,
-        "kept_from_earlier_imports": len(earlier),
-        "replaced": replace,
-    }
-    return (
-        summary
-        | this_import
-        | {
-            "skipped": skipped,
-            "files": str(rnd.path),
-            "skipped_file": str(rnd.skipped),
-        }
-    )
+    return agreement
 
 
 def votes_note(short: int, pairs: int, min_votes: int, rows: list[dict[str, Any]]) -> str | None:

@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
-from pipeline.io import read_json
+from pipeline.core.errors import InputError
+from pipeline.core.io import read_json
 from pipeline.run import RunDir
 
-# A pair's status after a round: what the votes decided (importer.py writes it).
-STATUSES = ("verified", "refuted", "unresolved")
+# A pair's status after a round: what the votes decided (importer.py writes it). Every
+# module that reads or writes one names it by these.
+VERIFIED, REFUTED, UNRESOLVED = STATUSES = ("verified", "refuted", "unresolved")
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -114,7 +115,7 @@ def why_unverified(rd: RunDir, verdicts: dict[str, dict[str, Any]], pairs: int) 
             min_votes[rnd.number] = int(raw["counts"]["min_votes"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    unresolved = [v for v in verdicts.values() if v.get("status") == "unresolved"]
+    unresolved = [v for v in verdicts.values() if v.get("status") == UNRESOLVED]
     short = [
         v
         for v in unresolved

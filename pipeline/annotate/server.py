@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.annotate.errors import LabelStudioError
-from pipeline.io import read_json, write_json_atomic
+from pipeline.core.io import read_json, write_json_atomic
 
 LABEL_STUDIO_VERSION = "1.23.2"
 DEFAULT_USERNAME = "admin@prb.local"

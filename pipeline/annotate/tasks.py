@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import StageError
-from pipeline.ids import stable_id
-from pipeline.io import read_json
-from pipeline.records import ranked_posts
-from pipeline.resources import data_dir
+from pipeline.core.errors import StageError
+from pipeline.core.ids import stable_id
+from pipeline.core.io import read_json
+from pipeline.core.resources import data_dir
 from pipeline.rules.verdicts import shown_side
 from pipeline.run import RunDir, check_round_number
+from pipeline.types.records import ranked_posts
 
 LABEL_CONFIG_FILE = "labeling_config.xml"
 PROFILE_POSTS = 3  # posts shown to the annotator: enough for a sense of the user, quick to read
@@ -177,7 +177,7 @@ def map_choice(choice: str, a_side: str) -> str:
 
 @dataclass
 class RunData:
-    """The run's kept pairs, each a full pair record (pipeline/records.py)."""
+    """The run's kept pairs, each a full pair record (pipeline/types/records.py)."""
 
     pairs: list[dict]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.fields import SIDES
+from pipeline.core.fields import SIDES
 from pipeline.rules import SKIP, Hit, RowView, RuleSet, audit_checks
 
 # the check an answer must pass for its other checks to run (there is nothing to check)

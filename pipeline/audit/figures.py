@@ -20,8 +20,8 @@ from pipeline.audit.probe import (
     probe_matrix,
     shortcut_probe,
 )
-from pipeline.errors import InputError
-from pipeline.fields import DIMENSIONS, ORDERS, row_id, words_and_count
+from pipeline.core.errors import InputError
+from pipeline.core.fields import DIMENSIONS, ORDERS, row_id, words_and_count
 from pipeline.rules import RuleSet, audit_checks, token_similarity
 from pipeline.rules.verdicts import a_side, shown_side
 from pipeline.run.layout import RELEASE_SUMMARY

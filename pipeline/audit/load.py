@@ -3,7 +3,7 @@
 Sources: a release folder (its ``all`` config), a run directory (its release, or the pair
 stage's kept pairs when it has none), a JSONL / JSON / parquet file, or a folder written
 by ``datasets``' ``save_to_disk``. Whatever the source, a bad row is one
-:class:`~pipeline.errors.InputError` naming the file, the line (or row) and the field, so
+:class:`~pipeline.core.errors.InputError` naming the file, the line (or row) and the field, so
 the CLI prints one line and no traceback.
 """
 
@@ -15,11 +15,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
-from pipeline.records import RecordProblem
+from pipeline.core.errors import InputError
+from pipeline.core.io import path_kind
+from pipeline.publish.recorded import check_current, summary_of
+from pipeline.publish.validity import release_sha256
 from pipeline.release.columns import REQUIRED_COLUMNS, build_row, check_row
+from pipeline.rules.dedup import profile_text
 from pipeline.run import RunDir, run_of
 from pipeline.run.layout import RELEASE_ALL
+from pipeline.types.records import RecordProblem
 
 
 class Where:
@@ -83,8 +87,6 @@ class Compact:
             return row
         out = {k: row[k] for k in AUDIT_FIELDS if k in row}
         if "profile" in out:
-            from pipeline.dedup import profile_text  # numpy: only when the audit runs
-
             text = profile_text(out["profile"])
             out["profile"] = self._profiles.setdefault(text, text) if text else None
         aspects = out.get("rubric_aspects")
@@ -303,13 +305,9 @@ def load_pairs(
     it is read and the row cut down to what the audit reads (:class:`Compact`); its private
     ``_compact`` holds the first type problem for :func:`check_types`.
     """
-    from pipeline.publish.recorded import check_current, summary_of
-
     path = Path(path)
     if not path.exists():
         raise InputError("no such file or folder", path=path)
-    from pipeline.io import path_kind
-
     kind = path_kind(path)
     if kind not in ("a file", "a folder"):  # a named pipe would be read forever
         raise InputError(f"is {kind}, not a pairs file or folder", path=path)
@@ -341,8 +339,6 @@ def load_pairs(
                 else None
             )
             rows = _from_parquet(path / RELEASE_ALL, where, cut)
-            from pipeline.publish.validity import release_sha256
-
             # what identifies the release: outputs made for it record it (their validity)
             return described(rows, path, "release", note=note, data_sha256=release_sha256(path),
                              _recorded=_recorded(summary, path))  # fmt: skip

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.fields import count_words, row_id, words
+from pipeline.core.fields import count_words, row_id, words
 
 PROBE_FLAG_AUC = 0.6
 PROBE_FOLDS = 5

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.audit.probe import FEATURE_NAMES
-from pipeline.errors import InputError, PipelineError
-from pipeline.fields import show_cell
+from pipeline.core.errors import InputError, PipelineError
+from pipeline.core.fields import show_cell
 from pipeline.rules import audit_checks
 
 _COLORS = ("#2b6cb0", "#c05621", "#2f855a", "#6b46c1")

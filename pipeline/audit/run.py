@@ -12,9 +12,11 @@ from pipeline.audit.checks import PROBE_GATE
 from pipeline.audit.figures import Judge, analyse
 from pipeline.audit.load import load_pairs
 from pipeline.audit.report import flags_jsonl, render_html, write_files
-from pipeline.errors import InputError, PipelineError
+from pipeline.core.errors import InputError, PipelineError
+from pipeline.publish.recorded import recorded_rules
+from pipeline.publish.validity import claims
 from pipeline.rules import RuleSet, audit_checks
-from pipeline.run import RunDir, run_of
+from pipeline.run import RunDir, default_eval_root, run_of
 from pipeline.run.layout import RELEASE_SUMMARY
 from pipeline.run.outputs import check_output, enclosing_run, run_role
 
@@ -77,7 +79,6 @@ def resolve_rules(
     lies), else the run's own run.yaml, else the config defaults; ``word_cap`` overrides the
     cap."""
     from pipeline.config import Config, load_config
-    from pipeline.publish.recorded import recorded_rules
 
     origin = "the config defaults"
     cfg = None
@@ -228,9 +229,6 @@ def audit(
 def _validity(path: Path, source: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
     """The release's validity claims (pipeline/publish/validity.py), read from the outputs
     made for it; this audit's own probe for the probe's claim."""
-    from pipeline.publish.validity import claims
-    from pipeline.run import default_eval_root
-
     if source.get("format") != "release":
         return {"claims": [], "note": "the validity claims are read for a published release"}
     release = Path(source["path"])

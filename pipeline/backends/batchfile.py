@@ -20,15 +20,14 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.backends.batchstore import BatchState
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.kinds.backend import Backend, Resolve
-from pipeline.schemas import SCHEMA_BOUNDS
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
+from pipeline.kinds.backend import Backend, BackendSection, Resolve
+from pipeline.run import RunDir
+from pipeline.run.cache import INVALID_PREFIX, RequestCache
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
+from pipeline.types.schemas import SCHEMA_BOUNDS
 
 NO_ANSWER = "no answer imported yet"
 
@@ -107,8 +106,6 @@ class BatchFileBackend(Backend):
         answers of that request and its re-asks, so the next export asks it afresh, as
         the next `prb run` against a server would send it again. Without this a re-run
         would replay the same answers and count as a retry that never was."""
-        from pipeline.cache import INVALID_PREFIX, RequestCache
-
         if not self._answered or self.cache_path is None or not self.cache_path.exists():
             return
         with RequestCache(self.cache_path, readonly=True) as cache:
@@ -146,8 +143,6 @@ class BatchFileBackend(Backend):
         cache_path: Path | None = None,
         resolve: Resolve | None = None,
     ) -> Backend:
-        from pipeline.run import RunDir
-
         # the state file sits beside the run's cache (pipeline/run/layout.py)
         state = RunDir(cache_path.parent).batch_state if cache_path is not None else None
         return cls(cfg, state, cache_path)

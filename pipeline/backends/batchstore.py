@@ -20,9 +20,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.chat import ChatRequest, ChatResult
-from pipeline.errors import BackendError
-from pipeline.io import dumps, loads
+from pipeline.core.errors import BackendError
+from pipeline.core.io import dumps, loads
+from pipeline.types.chat import ChatRequest, ChatResult
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS asked (

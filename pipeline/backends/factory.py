@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from pipeline.kinds.backend import BACKENDS, Backend, Resolve
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
+from pipeline.kinds.backend import BACKENDS, Backend, BackendSection, Resolve
 
 
 def make_backend(

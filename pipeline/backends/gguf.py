@@ -8,9 +8,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from pipeline.chat import ChatRequest
-from pipeline.errors import BackendError
+from pipeline.core.errors import BackendError
 from pipeline.kinds.backend import TokenCount
+from pipeline.types.chat import ChatRequest
 
 _GGUF_MAGIC = b"GGUF"
 # GGUF value types (ggml's gguf.h): fixed sizes; 8 is a string, 9 an array

@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.ids import content_hash
+from pipeline.core.ids import content_hash
+from pipeline.core.redact import strip_userinfo
 
 if TYPE_CHECKING:
-    from pipeline.kinds.backend import Backend, Resolve
-    from pipeline.kinds.settings import BackendSection
+    from pipeline.kinds.backend import Backend, BackendSection, Resolve
 
 # keys describing where an identity came from, not what served: left out of its id
 NOT_KEYED = ("replayed_from", "assumed", "asked")
@@ -99,8 +99,6 @@ def plain_url(url: str) -> str:
     a credential), no trailing slash."""
     from urllib.parse import urlsplit, urlunsplit
 
-    from pipeline.redact import strip_userinfo
-
     parts = urlsplit(strip_userinfo(url))
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
@@ -133,7 +131,7 @@ def file_sha256(path: Path) -> str:
             h.update(block)
     digest = h.hexdigest()
     try:
-        from pipeline.io import write_json_atomic
+        from pipeline.core.io import write_json_atomic
 
         write_json_atomic(store, {**(known if isinstance(known, dict) else {}), key: digest})
     except OSError:

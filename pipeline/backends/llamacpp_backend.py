@@ -33,7 +33,7 @@ Mapping, the same as for vLLM:
   prompt that fits but leaves less room than ``max_tokens`` gets the room there is (the
   answer may then end with "length").
 
-The backend only answers requests: the runner (pipeline/llm.py) caches, validates and
+The backend only answers requests: the runner (pipeline/engine/llm.py) caches, validates and
 re-asks, as for every backend. ``llama_cpp`` is imported only when this backend is built.
 """
 
@@ -47,19 +47,16 @@ import os
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.backends import reasoning
 from pipeline.backends.gguf import check_gguf, gguf_counter_notes
 from pipeline.backends.identity import file_sha256, version
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure, reasoning_allowance
-from pipeline.errors import BackendError
-from pipeline.kinds.backend import Backend, Resolve, TokenCount
+from pipeline.core.errors import BackendError
+from pipeline.kinds.backend import Backend, BackendSection, Resolve, TokenCount
 from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL, LlamaCppSettings
-from pipeline.schemas import SCHEMA_BOUNDS
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
+from pipeline.types.chat import ChatRequest, ChatResult, Choice, RequestFailure, reasoning_allowance
+from pipeline.types.schemas import SCHEMA_BOUNDS
 
 # The llama-cpp-python release the `local` extra pins and this backend was checked against.
 VERIFIED_LLAMA_CPP_VERSION = "0.3.36"

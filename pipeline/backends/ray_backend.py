@@ -52,16 +52,14 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.backends.identity import plain_url
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure
-from pipeline.errors import BackendError
-from pipeline.kinds.backend import Backend, Resolve
+from pipeline.backends.vllm_backend import describe_engine, engine_identity, engine_kwargs
+from pipeline.core.errors import BackendError
+from pipeline.kinds.backend import Backend, BackendSection, Resolve
 from pipeline.kinds.settings import RaySettings
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
+from pipeline.types.chat import ChatRequest, ChatResult, Choice, RequestFailure
 
 INSTALL_HINT = "pip install 'personalized-rewardbench[ray]'"
 GPU_INSTALL_HINT = "pip install 'personalized-rewardbench[ray-gpu]'"  # ray[llm] pins its vLLM
@@ -422,8 +420,6 @@ class RayBackend(Backend):
                 preprocess_map_kwargs={"num_cpus": HTTP_WORKER_CPUS},
                 postprocess_map_kwargs=post,
             )
-        from pipeline.backends.vllm_backend import engine_kwargs
-
         kwargs = engine_kwargs(self.cfg)
         model = kwargs.pop("model")  # Ray takes it as model_source and warns if repeated
         config = llm.vLLMEngineProcessorConfig(
@@ -579,13 +575,14 @@ class RayBackend(Backend):
             )
         if cfg.ray.engine == "http":
             from pipeline.backends.openai.backend import check_reachable
+            from pipeline.backends.openai.dialects import only_todays_body
 
-            # the http engine sends the json_schema body as it is (no dialects)
-            if cfg.openai.structured_output not in ("auto", "json_schema"):
+            # the http engine sends each request's own body as it is (no dialects)
+            if (sent := only_todays_body(cfg.openai)) is not None:
                 raise BackendError(
                     "backend.openai.structured_output is "
                     f"{cfg.openai.structured_output}, but the ray backend's http engine "
-                    "sends json_schema only; use backend.name openai for another dialect, "
+                    f"sends {sent} only; use backend.name openai for another dialect, "
                     "or leave it at auto"
                 )
             check_reachable(cfg.openai)
@@ -604,8 +601,6 @@ class RayBackend(Backend):
             from pipeline.backends.openai.backend import server_identity
 
             return server_identity(cfg.openai, models, "ray-http")
-        from pipeline.backends.vllm_backend import engine_identity
-
         return engine_identity(cfg, "ray-vllm")
 
     @classmethod
@@ -614,8 +609,6 @@ class RayBackend(Backend):
             from pipeline.backends.openai.backend import describe_server
 
             return describe_server(identity)
-        from pipeline.backends.vllm_backend import describe_engine
-
         return describe_engine(identity)
 
     @classmethod

@@ -4,7 +4,7 @@ reasoning that used its whole budget told apart from an answer (docs/backends.md
 
 A model such as DeepSeek-R1 (and its distills), Qwen3 or QwQ writes ``<think> ...
 </think>`` before its answer. Every backend with ``backend.<name>.reasoning.enabled`` hands
-its results through :func:`finish`, so that a :class:`~pipeline.chat.Choice`'s ``text`` is
+its results through :func:`finish`, so that a :class:`~pipeline.types.chat.Choice`'s ``text`` is
 the answer alone and its ``reasoning`` the block, with its tokens; nothing downstream (a
 chosen or rejected text, a rubric, a verdict's rationale) ever sees the reasoning.
 
@@ -14,7 +14,7 @@ answer begins with it, is dropped; what comes before the end tag is the reasonin
 follows it the answer. Without an end tag, an answer that opened the block (or one whose chat
 template opens it: ``template_opens``) is all reasoning and no answer; one that never opened
 it is all answer (the model chose not to reason). A reasoning that did not end when the
-engine stopped on its token limit is ``reasoning_cut``: the runner (pipeline/llm.py) asks it
+engine stopped on its token limit is ``reasoning_cut``: the runner (pipeline/engine/llm.py) asks it
 again with twice the reasoning budget, and never reads it as an answer.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from pipeline.chat import ChatRequest, ChatResult, Choice, reasoning_allowance
+from pipeline.types.chat import ChatRequest, ChatResult, Choice, reasoning_allowance
 
 # a reasoning budget is doubled at most up to this many tokens (the runner's retry)
 REASONING_BUDGET_CAP = 65_536

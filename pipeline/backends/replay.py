@@ -10,17 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipeline.backends.identity import identity_id
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.errors import BackendError
-from pipeline.kinds.backend import Backend, Resolve
+from pipeline.backends.identity import identity_id, owner
+from pipeline.core.errors import BackendError
+from pipeline.kinds.backend import BACKENDS, AsSent, Backend, BackendSection, Resolve
 from pipeline.kinds.settings import ReplaySettings
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 
 class _JsonlCache:
@@ -149,6 +146,13 @@ class ReplayBackend(Backend):
         if path is not None and not Path(path).exists():
             raise BackendError(f"backend.replay.cache: {path} does not exist")
         return None
+
+    @classmethod
+    def as_sent(cls, identity: dict[str, Any]) -> tuple[AsSent, list[str]]:
+        # the recorded answers' server was sent them as the backend that recorded them
+        # says (the stand-in, an OpenAI-compatible server, through the openai backend)
+        kind = owner(identity) or BACKENDS.get("openai")
+        return super().as_sent(identity) if kind is cls else kind.as_sent(identity)
 
     @classmethod
     def identify(

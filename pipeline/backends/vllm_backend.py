@@ -31,18 +31,15 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline.backends import reasoning
 from pipeline.backends.identity import file_sha256, folder_sha256, version
-from pipeline.chat import ChatRequest, ChatResult, Choice, RequestFailure, reasoning_allowance
-from pipeline.errors import BackendError
-from pipeline.kinds.backend import Backend, Resolve
+from pipeline.core.errors import BackendError
+from pipeline.kinds.backend import Backend, BackendSection, Resolve
 from pipeline.kinds.settings import VLLMSettings
-from pipeline.schemas import SCHEMA_BOUNDS
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
+from pipeline.types.chat import ChatRequest, ChatResult, Choice, RequestFailure, reasoning_allowance
+from pipeline.types.schemas import SCHEMA_BOUNDS
 
 # The vLLM release this backend's calls were checked against on a GPU (LLM.chat with a list
 # of SamplingParams, n, seeds, StructuredOutputsParams, finish reasons, token counts, and the

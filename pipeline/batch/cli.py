@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.cliargs import add_set_option as _add_set
-from pipeline.cliargs import command_line
+from pipeline.core.cliargs import add_set_option as _add_set
+from pipeline.core.cliargs import command_line
+from pipeline.core.redact import redact
 
 
 def add_batch_parser(sub: Any) -> None:
@@ -60,7 +61,6 @@ def add_batch_parser(sub: Any) -> None:
 def cmd_batch(args: argparse.Namespace) -> int:
     from pipeline.batch.files import SHOWN_LINES, describe_next, export_requests, import_results
     from pipeline.config import load_config
-    from pipeline.redact import redact
 
     if args.batch_command not in ("export", "import"):
         print("usage: prb batch {export,import} CONFIG ...", file=sys.stderr)

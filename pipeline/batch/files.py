@@ -19,12 +19,17 @@ from typing import TYPE_CHECKING, Any
 from pipeline.backends.batchfile import BatchFileBackend, Recording, recording
 from pipeline.backends.batchstore import BatchState
 from pipeline.backends.openai.lines import BROKEN_LINE, Parsed, read_results, request_line
-from pipeline.errors import ConfigError, InputError, StageError, Unanswered
+from pipeline.core.errors import ConfigError, InputError, StageError, Unanswered
+from pipeline.core.io import write_jsonl_atomic
+from pipeline.kinds.backend import BACKENDS
+from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
+from pipeline.run.outputs import check_output
 
 if TYPE_CHECKING:
-    from pipeline.chat import ChatRequest
     from pipeline.config import Config
     from pipeline.run import RunDir, RunLock
+    from pipeline.types.chat import ChatRequest
 
 Echo = Callable[[str], None]
 # skipped and failed lines named one by one, up to this many per import
@@ -38,8 +43,6 @@ def _stderr(line: str) -> None:
 def check_batchfile(cfg: Config, command: str) -> None:
     """Batch files need the ``batchfile`` backend: its identity is fixed by the config, so
     the keys an export writes are the keys `prb run` looks up."""
-    from pipeline.kinds.backend import BACKENDS
-
     if not issubclass(BACKENDS.get(cfg.backend.name), BatchFileBackend):
         raise ConfigError(
             f"`prb batch {command}` needs backend.name batchfile (answers from batch files, "
@@ -83,7 +86,7 @@ def _run_stages(
 ) -> Pass:
     """The stages, as `prb run` runs them, until the first that waits for answers; the
     lock (from :func:`_lock`) is released at the end, as run_pipeline releases it."""
-    from pipeline.orchestrate import run_pipeline
+    from pipeline.orchestration.orchestrate import run_pipeline
 
     with recording() as rec:
         try:
@@ -128,9 +131,6 @@ def export_requests(
     """Run the stages until the first one that waits for answers and write the requests it
     waits for to ``out`` (default: ``batch/requests-<stage>-NNN.jsonl`` in the run
     directory), atomically; each is recorded as asked, so an import accepts its answer."""
-    from pipeline.io import write_jsonl_atomic
-    from pipeline.run import RunDir
-
     if out is not None:
         check_export_target(out, cfg.source)
     check_batchfile(cfg, "export")
@@ -158,8 +158,6 @@ def check_export_target(path: Path, config: Path | None = None) -> None:
     export); never a run's own file, the config being run, a folder or any other file: a
     user's file is not the project's to replace (:func:`pipeline.run.outputs.check_output`).
     Checked before any stage runs, so a refusal leaves nothing done."""
-    from pipeline.run.outputs import check_output
-
     reads = [("the config being run", config)] if config is not None else []
     check_output(path, flag="-o", command="prb batch export", reads=reads, ours=_request_file)
 
@@ -225,9 +223,6 @@ def import_results(
     """Check every result line of ``files`` against the requests this run exported, keep
     the usable answers (all of them or none), then run the stages so that the runner
     validates and caches them; returns what was stored and what was skipped, and why."""
-    from pipeline.cache import RequestCache
-    from pipeline.run import RunDir
-
     check_batchfile(cfg, "import")
     rd = RunDir(cfg.run_dir)
     if not rd.batch_state.is_file():
@@ -282,8 +277,6 @@ def _accept(
 ) -> list[str]:
     """Sort the lines into answers to keep and lines to skip (counted and named in
     ``res``); keep the answers and the ids of the lines read, in one transaction."""
-    from pipeline.cache import RequestCache
-
     answers = [p for p in parsed if p.result is not None and p.custom_id is not None]
     keys = [p.custom_id for p in answers if p.custom_id is not None]
     cached: set[str] = set()

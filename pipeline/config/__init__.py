@@ -37,7 +37,7 @@ from pipeline.config.sections import (
     pairs_section,
 )
 from pipeline.config.yamlfile import ConfigLoader, DuplicateKeyError
-from pipeline.kinds.settings import BackendSection
+from pipeline.kinds.backend import BackendSection
 
 __all__ = [
     "PATH_FIELDS",

@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pipeline.config.sections import Config
-from pipeline.errors import ConfigError
+from pipeline.config.sections import PROMPT_FILE_OPTIONAL, PROMPT_FILE_USES, Config
+from pipeline.core.errors import ConfigError, InputError
+from pipeline.core.io import path_kind
 from pipeline.inputs import FORMATS
-from pipeline.io import path_kind
 from pipeline.rules import RULES
+from pipeline.types.promptfiles import read_prompt_files
+from pipeline.types.schemas import check_budgets
 
 
 def check_input_path(
@@ -132,10 +134,6 @@ def check_judge_off(cfg: Config, source: str) -> None:
 def check_prompt_files(cfg: Config, source: str) -> None:
     """The prompt files ``prompts`` names exist and hold the placeholders their use needs
     (read now, not after the rubric stage's requests)."""
-    from pipeline.config.sections import PROMPT_FILE_OPTIONAL, PROMPT_FILE_USES
-    from pipeline.errors import InputError
-    from pipeline.promptfiles import read_prompt_files
-
     p = cfg.prompts
     if p.dir is not None and not p.files:
         raise ConfigError(
@@ -175,10 +173,8 @@ def check_output_dir(cfg: Config, source: str) -> None:
 
 
 def check_schema_budgets(cfg: Config, source: str) -> None:
-    """Every JSON schema a stage sends must fit its max_tokens (see pipeline/schemas.py):
+    """Every JSON schema a stage sends must fit its max_tokens (see pipeline/types/schemas.py):
     found now, not after an hour of cut-off answers."""
-    from pipeline.schemas import check_budgets
-
     problems = check_budgets(cfg)
     if problems:
         field, why = problems[0]

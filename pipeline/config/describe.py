@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pipeline.config.sections import Config
+from pipeline.core.registry import load_target
 
 
 def describe_fields(model: BaseModel | None = None, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -39,8 +40,6 @@ def describe_fields(model: BaseModel | None = None, prefix: str = "") -> list[tu
 def registry_help(spec: str) -> str:
     """The entries of a registry (``"module:NAME"``) as a field's help lists them: each
     name, with its class's ``summary`` where it has one. Imports the entries: help only."""
-    from pipeline.registry import load_target
-
     registry = load_target(spec)
     parts = []
     for name, entry in registry.items():

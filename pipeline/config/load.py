@@ -20,9 +20,9 @@ from pipeline.config.checks import (
 from pipeline.config.overrides import apply_overrides, flat_backend_keys, warn_flat_keys
 from pipeline.config.sections import Config
 from pipeline.config.yamlfile import check_plain, read_config_file
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
+from pipeline.core.redact import redact, register_names, register_value, url_secrets
 from pipeline.kinds.settings import move_flat_keys
-from pipeline.redact import redact, register_names, register_value, url_secrets
 
 _SECRET_KEYS = {"api_key", "token", "password", "secret", "access_token"}
 
@@ -126,7 +126,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Load, override and validate a YAML config; errors name the file and the field.
 
     The environment variables the config names as holding secrets are registered with
-    ``pipeline.redact``, so that every later error and echo masks their values.
+    ``pipeline.core.redact``, so that every later error and echo masks their values.
     """
     path = Path(path)
     data = read_config_file(path)

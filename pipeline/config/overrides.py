@@ -12,7 +12,7 @@ import yaml
 
 from pipeline.config.sections import Config, path_fields
 from pipeline.config.yamlfile import ConfigLoader, yaml_problem
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 from pipeline.kinds.settings import FLAT_KEYS as _FLAT_BACKEND_KEYS
 from pipeline.kinds.settings import deprecation_line
 

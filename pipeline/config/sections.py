@@ -15,20 +15,20 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, SerializeAsAny, create_model, field_validator
 
-from pipeline.errors import ConfigError
-from pipeline.inputs import FORMATS
-from pipeline.kinds.settings import BackendSection
+from pipeline.core.errors import ConfigError
+from pipeline.core.redact import public_url
+from pipeline.core.section import Section
+from pipeline.inputs import InputSection
+from pipeline.kinds.backend import BackendSection
 from pipeline.kinds.settings import check_http_url as _check_http_url
-from pipeline.redact import public_url
 from pipeline.rules import RULES, default_filters, threshold_fields
-from pipeline.section import Section
 
 STRATEGIES = ("avoid_all", "violate_one", "other_user")
 Strategy = Literal["avoid_all", "violate_one", "other_user"]
 
 
 class _Section(Section):
-    """A section of the config (the rules every section keeps: pipeline/section.py)."""
+    """A section of the config (the rules every section keeps: pipeline/core/section.py)."""
 
 
 class BudgetSection(_Section):
@@ -146,60 +146,6 @@ def _shard_size(stage: str) -> Any:
         le=1_000_000,
         description=f"Examples per {stage} stage output shard (a crash loses at most one).",
     )
-
-
-class InputSection(_Section):
-    format: str = Field(
-        "lamp",
-        description="Input format, one of the registered readers (others: docs/inputs.md):",
-        json_schema_extra={"registry": "pipeline.inputs:FORMATS"},
-    )
-    path: Path | None = Field(
-        None, description="lamp: the JSONL file; hf: the dataset folder or parquet file."
-    )
-    users_path: Path | None = Field(None, description="generic: the users JSONL file.")
-    questions_path: Path | None = Field(None, description="generic: the questions JSONL file.")
-    dataset: str | None = Field(
-        None,
-        description="hub: the dataset's Hub name (e.g. alireza7/LaMP-QA) or a local dataset "
-        "repository folder.",
-    )
-    configs: list[str] = Field(
-        default_factory=list,
-        description="hub: the configs to read, in order; each config's name is the category "
-        "of its rows that carry none; empty: the dataset's default config.",
-    )
-    revision: str | None = Field(None, description="hub: a branch, tag or commit; none: main.")
-    cache_dir: Path | None = Field(
-        None, description="hub: the datasets cache folder; none: HF_DATASETS_CACHE or its default."
-    )
-    split: str | None = Field(
-        None, description="hf: split to read from a DatasetDict folder; hub: the split to load."
-    )
-    columns: dict[str, str] = Field(
-        default_factory=dict,
-        description="hf, hub: our field name -> the source column name (e.g. {question: query}).",
-    )
-    # upper bounds on counts guard against typos (an extra zero or two), not real inputs
-    limit: int | None = Field(
-        None, ge=1, le=1_000_000_000, description="Read at most this many examples."
-    )
-    chunk_size: int = _shard_size("ingest")
-
-    @field_validator("format")
-    @classmethod
-    def _registered(cls, v: str) -> str:
-        # the list of formats is the registry's (pipeline/inputs/), not kept here
-        if v not in FORMATS:
-            raise ValueError(FORMATS.unknown(v))
-        return v
-
-    @field_validator("configs")
-    @classmethod
-    def _unique_configs(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("configs must not repeat")
-        return v
 
 
 class SamplingSection(_Section):
@@ -327,7 +273,7 @@ class JudgeSection(_Section):
         ge=40,
         le=100_000,
         description="Longest rationale a verdict schema allows (shorter when a given "
-        "max_tokens is tight; see pipeline/schemas.py).",
+        "max_tokens is tight; see pipeline/types/schemas.py).",
     )
     enabled: bool = Field(
         True,

@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from pipeline.errors import ConfigError
-from pipeline.io import path_kind
-from pipeline.redact import redact, register_names
+from pipeline.core.errors import ConfigError
+from pipeline.core.io import path_kind
+from pipeline.core.redact import redact, register_names
 
 
 def yaml_problem(exc: BaseException) -> str:

@@ -41,9 +41,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, PipelineError
+from pipeline.core.errors import InputError, PipelineError
+from pipeline.core.io import (
+    file_digest,
+    path_kind,
+    write_json_atomic,
+    write_jsonl_atomic,
+    write_text_atomic,
+)
+from pipeline.core.registry import load_target
+from pipeline.core.resources import data_dir
 from pipeline.eval import bonfigures
-from pipeline.eval.generative import JUDGE_SYSTEM, Answered
+from pipeline.eval.bonreport import render_report
+from pipeline.eval.bonscore import ScoreContext
+from pipeline.eval.correlate import correlate
+from pipeline.eval.generative import JUDGE_SYSTEM, Answered, build_requests
+from pipeline.run import RunDir, run_of
+from pipeline.run.cache import RequestCache
+from pipeline.run.outputs import check_output
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest
+from pipeline.types.promptfiles import read_prompt_file
 
 # The system turn the reference's BoN/sample.py sends with its sample prompt, quoted so
 # that a sample request is the reference's request.
@@ -142,9 +160,6 @@ def output_folder(opts: BonOptions) -> Path:
     stage folder, a release, a file, or a folder of the user's. This is the one place the
     command's user-named output path is decided and checked."""
     from pipeline.eval.results import default_root
-    from pipeline.io import path_kind
-    from pipeline.run import RunDir, run_of
-    from pipeline.run.outputs import check_output
 
     out = Path(opts.out) if opts.out is not None else default_root(opts.split) / "bon"
     if (out / MARKER).is_file():  # written by this command before (it holds its cache)
@@ -180,8 +195,6 @@ def output_folder(opts: BonOptions) -> Path:
 def _inside_run_files(out: Path) -> bool:
     """Whether ``out`` is a run's own folder (a stage, its release, its report...), as
     opposed to a folder of the eval root a run holds (``<run>/eval/bon``)."""
-    from pipeline.run import run_of
-
     rd = run_of(out)
     if rd is None:
         return False
@@ -243,9 +256,6 @@ def check_ks(n: int, ks: Sequence[int] | None) -> list[int]:
 
 
 def _prompt_file(option: str, default: str, needs: tuple, fills: tuple, what: str) -> Any:
-    from pipeline.promptfiles import read_prompt_file
-    from pipeline.resources import data_dir
-
     path = Path(option).expanduser() if option else data_dir("prompts") / default
     return read_prompt_file(path, needs=needs, fills=fills, what=what)
 
@@ -345,8 +355,6 @@ def accuracy_of(
 
 
 def _read_accuracy(path: Path, setting: str, split: dict[str, Any]) -> dict[str, Any]:
-    from pipeline.io import file_digest
-
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         block = doc["settings"][setting]["metrics"]
@@ -393,8 +401,6 @@ def sample_requests(
     questions: Sequence[Question], prompt: Any, role: Any, opts: BonOptions
 ) -> list[Any]:
     """N requests per question, question by question, sample 0 to N-1."""
-    from pipeline.chat import ChatRequest
-
     out = []
     for q in questions:
         user = prompt.fill({"question": q.question, "profile": q.profile_text})
@@ -423,11 +429,8 @@ def judge_request(q: Question, answer: str, prompt: Any, role: Any, opts: BonOpt
     """The judge's request for one answer: the reference's (its system turn, the prompt with
     {question}, {answer} and {aspects}: the aspects joined by ", "), or with
     ``--judge-format json`` the project's coverage verdict under its JSON schema."""
-    from pipeline import schemas
-    from pipeline.chat import ChatRequest
-
     if opts.judge_format == "json":
-        from pipeline.prompts import load_template
+        from pipeline.types.prompts import load_template
 
         cfg = role.cfg
         schema, tokens = schemas.coverage_schema(
@@ -629,7 +632,6 @@ def plan_of(prep: Prepared) -> dict[str, Any]:
     the samples (their prompts are built here and looked up in the cache); bounds for the
     scores and verdicts, whose prompts hold answers not drawn yet (each counted at the
     policy's max_tokens), and whose number depends on which answers are picked."""
-    from pipeline.cache import RequestCache
     from pipeline.plan.placeholders import NoCache
 
     opts, q = prep.opts, len(prep.questions)
@@ -657,8 +659,6 @@ def plan_of(prep: Prepared) -> dict[str, Any]:
             if spec.text not in prep.roles:
                 continue
             role = prep.roles[spec.text]
-            from pipeline.eval.generative import build_requests
-
             gc = _counter(role, cache)
             items = [Answered(x.question, "", profile=x.profile_text) for x in prep.questions]
             one = build_requests(items, spec.prompts["template"], role.model, spec, 0, "")
@@ -696,8 +696,6 @@ def plan_of(prep: Prepared) -> dict[str, Any]:
 def judge_tokens(prep: Prepared) -> int:
     """The most output tokens one judge request may take: its max_tokens, or the largest
     coverage schema's own bound over the split's rubric sizes (json, max_tokens None)."""
-    from pipeline import schemas
-
     opts = prep.opts
     if opts.judge_max_tokens is not None:
         return opts.judge_max_tokens
@@ -710,7 +708,7 @@ def reference_size(prep: Prepared, steps: dict[str, Any]) -> dict[str, Any]:
     """The same command at the reference release's size (2,830 questions, N = 16, its k
     values 1 to 16): requests and tokens from this split's per-request figures, and the
     cost at ``run.prices`` where the config gives them."""
-    from pipeline.budget import cost_usd, run_prices
+    from pipeline.engine.budget import cost_usd, run_prices
 
     opts = prep.opts
     q, n = REFERENCE_QUESTIONS, REFERENCE_N
@@ -865,9 +863,6 @@ def score_samples(
 ) -> tuple[dict[tuple[str, str], dict[str, list[float]]], dict[str, Any]]:
     """Every sample scored by every scorer in every setting: (scorer text, setting) ->
     question -> N scores; and each scorer's details."""
-    from pipeline.eval.bonscore import ScoreContext
-    from pipeline.registry import load_target
-
     ctx = ScoreContext(prep.out / CACHE, prep.opts.cfg.run.seed, prep.roles, prep.opts.progress,
                        STAGE_SCORE)  # fmt: skip
     scores: dict[tuple[str, str], dict[str, list[float]]] = {}
@@ -912,9 +907,8 @@ def judge_picks(
 ) -> tuple[dict[tuple[str, int], Verdict], dict[str, Any]]:
     """Each distinct picked answer judged once; identical answers to one question share
     one request, so one verdict."""
-    from pipeline import schemas
+    from pipeline.engine.llm import Answer
     from pipeline.eval.llmcalls import ask
-    from pipeline.llm import Answer
 
     by_key = {q.key: q for q in prep.questions}
     order = sorted(wanted, key=lambda x: (list(by_key).index(x[0]), x[1]))
@@ -973,8 +967,6 @@ def run_bon(opts: BonOptions, echo: Callable[[str], Any] = print) -> dict[str, A
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
         if not (out / MARKER).is_file():
-            from pipeline.io import write_json_atomic
-
             write_json_atomic(out / MARKER, {"written_by": "prb eval bon"})
         samples, sample_stats = draw_samples(prep)
         scores, scorer_info = score_samples(prep, samples)
@@ -1120,10 +1112,6 @@ def write_outputs(
     verdicts: dict[tuple[str, int], Verdict],
 ) -> dict[str, Any]:
     """Write every file; bon.json last, naming each table with its SHA-256."""
-    from pipeline.eval.bonreport import render_report
-    from pipeline.eval.correlate import correlate
-    from pipeline.io import file_digest, write_json_atomic, write_jsonl_atomic, write_text_atomic
-
     out, opts = prep.out, prep.opts
     subset = {q.key: q.subset for q in prep.questions}
     row_id = {q.key: q.row_id for q in prep.questions}

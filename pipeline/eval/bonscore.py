@@ -20,8 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.eval.generative import Answered
-from pipeline.io import crash_point
+from pipeline.backends.identity import folder_sha256, version
+from pipeline.core.ids import content_hash
+from pipeline.core.io import crash_point
+from pipeline.eval.generative import Answered, score_answers
+from pipeline.eval.pointwise import load_scorer
 
 SCORE_CHUNK = 512  # answers scored, then committed, at a time
 DERIVED_KIND = "bon-rm-score"
@@ -48,9 +51,6 @@ class ScoredAnswers:
 def rm_fingerprint(spec: Any) -> str:
     """What decides a reward model's scores besides its input: its folder's content, the
     options that change a figure (its result-folder name) and the libraries' versions."""
-    from pipeline.backends.identity import folder_sha256, version
-    from pipeline.ids import content_hash
-
     folder = Path(spec.target).expanduser()
     return content_hash(
         [spec.slug(), folder_sha256(folder), version("torch"), version("transformers")], 24
@@ -58,8 +58,7 @@ def rm_fingerprint(spec: Any) -> str:
 
 
 def rm_scores(spec: Any, items: Sequence[Answered], ctx: ScoreContext) -> ScoredAnswers:
-    from pipeline.cache import RequestCache
-    from pipeline.ids import content_hash
+    from pipeline.run.cache import RequestCache
 
     fp = rm_fingerprint(spec)
     keys = [content_hash([fp, it.user_turn, it.answer], 32) for it in items]
@@ -69,8 +68,6 @@ def rm_scores(spec: Any, items: Sequence[Answered], ctx: ScoreContext) -> Scored
         missing = list(dict.fromkeys(k for k in keys if k not in have))
         computed = 0
         if missing:
-            from pipeline.eval.pointwise import load_scorer
-
             first = {k: i for i, k in reversed(list(enumerate(keys)))}
             encoder, engine = load_scorer(spec, progress=ctx.progress)
             try:
@@ -99,8 +96,6 @@ def rm_scores(spec: Any, items: Sequence[Answered], ctx: ScoreContext) -> Scored
 
 
 def gen_scores(spec: Any, items: Sequence[Answered], ctx: ScoreContext) -> ScoredAnswers:
-    from pipeline.eval.generative import score_answers
-
     role = ctx.roles[spec.text]
     got = score_answers(
         spec, items, role, ctx.cache_path, stage=ctx.stage, seed=ctx.seed, progress=ctx.progress

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.cliargs import add_set_option
-from pipeline.fields import show, show_ci
+from pipeline.core.cliargs import add_set_option
+from pipeline.core.errors import InputError
+from pipeline.core.fields import show, show_ci
 
 SETTING_NAMES = ("question", "profile", "rubric")
 # prb eval bon's settings besides question and profile (pipeline.eval.bon.SETTINGS)
@@ -390,8 +391,6 @@ _CORRELATE_DEFAULTS: dict[str, Any] = {
 
 def _refuse(args: argparse.Namespace, defaults: dict[str, Any], command: str) -> None:
     """Options of another form of prb eval, given to this one: one line naming the flag."""
-    from pipeline.errors import InputError
-
     for key, default in defaults.items():
         if getattr(args, key, default) != default:
             flag = {"policy_overrides": "--policy-set", "judge_overrides": "--judge-set"}.get(
@@ -402,8 +401,6 @@ def _refuse(args: argparse.Namespace, defaults: dict[str, Any], command: str) ->
 
 def cmd_bon(args: argparse.Namespace) -> int:
     """``prb eval bon SPLIT``: best-of-N downstream evaluation (``pipeline.eval.bon``)."""
-    from pipeline.errors import InputError
-
     _refuse(args, {"rbo_p": None, "baseline": None}, "prb eval bon")
     if args.bootstrap < 1:
         raise InputError("must be at least 1", path="--bootstrap")
@@ -470,14 +467,13 @@ def cmd_bon(args: argparse.Namespace) -> int:
 
 def cmd_correlate(args: argparse.Namespace) -> int:
     """``prb eval correlate TABLE.csv``: print the correlations and write their JSON."""
-    from pipeline.errors import InputError
+    from pipeline.core.io import path_kind, write_json_atomic
     from pipeline.eval.correlate import (
         correlate,
         default_out,
         format_table,
         written_by_correlate,
     )
-    from pipeline.io import path_kind, write_json_atomic
     from pipeline.run.outputs import check_output
 
     _refuse(args, BON_DEFAULTS, "prb eval correlate")
@@ -524,8 +520,6 @@ def cmd_correlate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from pipeline.errors import InputError
-
     if args.scorer_help:
         from pipeline.eval.spec import describe_options
 

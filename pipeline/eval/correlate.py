@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.eval.rankmetrics import (
     DEFAULT_RBO_P,
     LABELS,

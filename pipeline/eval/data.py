@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
-from pipeline.ids import content_hash
-from pipeline.prompts import load_template
+from pipeline.core.errors import InputError
+from pipeline.core.ids import content_hash
+from pipeline.types.profile import select_profile
+from pipeline.types.prompts import load_template
 
 POINTWISE_TEMPLATE = "eval_pointwise"
 PAIRWISE_TEMPLATE = "eval_pairwise"
@@ -96,9 +97,7 @@ def build_pairs(
     """Check the rows and reduce each to an EvalPair. The profile posts are those the run
     showed (the row's recorded ``profile_view``) where the row records them; otherwise the
     top-k are selected exactly as the generation stages do
-    (``pipeline.profile.select_profile``) with the given ranker."""
-    from pipeline.profile import select_profile
-
+    (``pipeline.types.profile.select_profile``) with the given ranker."""
     pairs = []
     seen: set[str] = set()
     for i, r in enumerate(rows):
@@ -240,7 +239,7 @@ def listed(items: Sequence[str]) -> str:
 def file_messages(
     pair: EvalPair, setting: str, order: str, *, system: Any, user: Any
 ) -> tuple[tuple[str, str], ...]:
-    """Judge messages from the user's prompt files (``pipeline.promptfiles.PromptFile``)
+    """Judge messages from the user's prompt files (``pipeline.types.promptfiles.PromptFile``)
     for one A/B order: the system file's text as written, then the user file with the
     question and the two answers filled in, as the reference's pairwise script sends them.
     ``{profile}`` / ``{rubric}`` (where the file has them) hold the setting's posts or

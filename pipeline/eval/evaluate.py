@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
+from pipeline.core.registry import load_target
 from pipeline.eval import metrics
 from pipeline.eval.data import (
     DEFAULT_SETTINGS,
@@ -21,16 +22,21 @@ from pipeline.eval.data import (
     POINTWISE_TEMPLATE,
     SETTINGS,
     EvalPair,
+    listed,
     load_split,
     usable_settings,
     user_turn,
 )
+from pipeline.eval.generative import Answered, score_answers
+from pipeline.eval.llmcalls import identify_role
+from pipeline.eval.pairwise import run_judge
+from pipeline.eval.pointwise import crosscheck, load_scorer
 from pipeline.eval.results import SCHEMA_VERSION, check_root, default_root, write_results
 from pipeline.eval.spec import ScorerSpec, check_prompt_settings, check_unique_names
-from pipeline.prompts import load_template
-from pipeline.registry import load_target
 from pipeline.run import RunDir
+from pipeline.run.layout import CACHE
 from pipeline.run.outputs import enclosing_run, run_role
+from pipeline.types.prompts import load_template
 
 
 @dataclass(frozen=True)
@@ -138,8 +144,6 @@ def _reference_order_mean(m: dict[str, Any]) -> None:
 def score_rm(job: Job) -> Scored:
     """A reward model's figures: each answer scored alone (all settings in one call, so the
     length sort spans them), the higher score wins; with the engine's details."""
-    from pipeline.eval.pointwise import crosscheck, load_scorer
-
     pairs, settings, spec = job.pairs, job.settings, job.spec
     encoder, scorer = load_scorer(spec, progress=job.progress)
     try:
@@ -188,11 +192,6 @@ def score_rm(job: Job) -> Scored:
 def score_gen(job: Job) -> Scored:
     """A generative reward model's figures: each answer rated alone (a number in [0, 1]
     from a template, ``pipeline.eval.generative``), the higher score wins."""
-    from pipeline.eval.data import listed
-    from pipeline.eval.generative import Answered, score_answers
-    from pipeline.eval.llmcalls import identify_role
-    from pipeline.run.layout import CACHE
-
     pairs, settings, spec, cfg = job.pairs, job.settings, job.spec, job.cfg
     model = spec.target or cfg.backend.model
     cache_path = job.folder / CACHE
@@ -240,8 +239,6 @@ def score_gen(job: Job) -> Scored:
 
 def score_judge(job: Job) -> Scored:
     """An LLM judge's figures: each pair asked in both orders, with position figures."""
-    from pipeline.eval.pairwise import run_judge
-
     pairs, settings, spec = job.pairs, job.settings, job.spec
     judged, info = run_judge(pairs, settings, spec, job.cfg, job.folder, progress=job.progress)
     template = (

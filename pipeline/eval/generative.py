@@ -5,7 +5,7 @@ The request is the reference's ``BoN/score.py`` (generative): a system turn, the
 template filled with ``{question}``, ``{answer}`` and, where the template has them,
 ``{profile}`` (the setting's profile: empty with the question only) and ``{rubric}`` (the
 rubric control only); greedy, 10 tokens. The template is the user's file
-(``template=FILE``, read as ``pipeline.promptfiles`` reads a reference-style prompt) or the
+(``template=FILE``, read as ``pipeline.types.promptfiles`` reads a reference-style prompt) or the
 project's ``prompts/gen_score.txt``.
 
 The score is read as the reference reads it: the answer, stripped, as a number if it is one;
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.chat import ChatRequest
-from pipeline.promptfiles import PromptFile
+from pipeline.core.resources import data_dir
+from pipeline.types.chat import ChatRequest
+from pipeline.types.promptfiles import PromptFile, read_prompt_file
 
 # The system turn the reference's BoN scripts send to a generative scorer and to the judge
 # (BoN/score.py, BoN/evaluate.py), quoted so that a request is the reference's request.
@@ -50,9 +51,6 @@ class Answered:
 def read_template(option: str) -> PromptFile:
     """The scorer's template: the user's file, or the project's default; checked for its
     placeholders (one line naming the file)."""
-    from pipeline.promptfiles import read_prompt_file
-    from pipeline.resources import data_dir
-
     path = Path(option).expanduser() if option else data_dir("prompts") / DEFAULT_TEMPLATE
     return read_prompt_file(
         path,
@@ -127,8 +125,8 @@ def score_answers(
 ) -> GenScores:
     """Score every answer with the generative scorer ``spec`` through ``role``
     (``pipeline.eval.llmcalls.Role``); identical requests are sent once."""
+    from pipeline.engine.llm import Answer
     from pipeline.eval.llmcalls import ask
-    from pipeline.llm import Answer
 
     template = spec.prompts.get("template") or read_template("")
     reqs = build_requests(items, template, role.model, spec, seed, role.served_id)

@@ -5,7 +5,7 @@ scorer) share.
 A ``Role`` is identified before anything is sent (``identify_role``): the backend's identity
 (part of every request's key, ``pipeline/backends/identity.py``) and its preflight, so a
 server that is down is one line before a file is written. ``ask`` sends requests through
-``pipeline.llm.LLMRunner`` (cache first; answers committed before they are handed over, so
+``pipeline.engine.llm.LLMRunner`` (cache first; answers committed before they are handed over, so
 a kill loses only what was in flight), sends a request repeated in the list once, and
 returns each request's outcome in order.
 """
@@ -18,8 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.chat import ChatRequest
-from pipeline.llm import Answer, Failure, Validator
+from pipeline.backends.factory import make_backend, preflight
+from pipeline.backends.identity import describe, identify, identity_id
+from pipeline.core.errors import BackendError
+from pipeline.engine.llm import Answer, Failure, LLMRunner, Validator
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,6 @@ class Role:
 
     def describe(self) -> dict[str, Any]:
         """What results.json / bon.json record of it."""
-        from pipeline.backends.identity import describe
-
         return {
             "model": self.model,
             "backend": self.cfg.backend.name,
@@ -51,10 +53,6 @@ def identify_role(
     """The role's backend checked (its extra, its server: BackendError naming what to fix)
     and identified; ``cached``: the cache exists, so a server that cannot be reached is a
     warning (answers may all be there), as for a run."""
-    from pipeline.backends.factory import preflight
-    from pipeline.backends.identity import identify, identity_id
-    from pipeline.errors import BackendError
-
     try:
         warning = preflight(cfg.backend, cfg.resolve_input, cached=cached)
         served = identify(cfg.backend, [model], resolve=cfg.resolve_input, cache_path=cache_path)
@@ -90,10 +88,6 @@ def ask(
     repeats one earlier in the list is sent once. Free-text answers are kept as they come
     (no re-ask of an answer cut at max_tokens: the reference keeps them, and a sample is a
     sample); JSON ones are re-asked ``max_reasks`` times when they do not validate."""
-    from pipeline.backends.factory import make_backend
-    from pipeline.cache import RequestCache
-    from pipeline.llm import LLMRunner
-
     first: dict[str, int] = {}
     unique: list[ChatRequest] = []
     where = []

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.fields import ORDERS
+from pipeline.core.fields import ORDERS
 from pipeline.rules.verdicts import a_side, shown_side
 
 N_BOOT = 1000

@@ -23,17 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import schemas
-from pipeline.cache import INVALID_PREFIX
-from pipeline.chat import ChatRequest
-from pipeline.errors import InputError
+from pipeline.backends.factory import make_backend
+from pipeline.backends.identity import identify, identity_id
+from pipeline.core.errors import InputError
+from pipeline.core.fields import ORDERS
+from pipeline.engine.llm import Answer, LLMRunner
 from pipeline.eval.data import EvalPair, file_messages, pairwise_messages
-from pipeline.fields import ORDERS
-from pipeline.llm import Answer
+from pipeline.run.cache import INVALID_PREFIX, RequestCache
+from pipeline.run.layout import CACHE
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest
 
 
 def verdict_schema(max_tokens: int, ties: bool) -> dict[str, Any]:
-    """The project's pairwise verdict schema (``pipeline.schemas``: the winner first, pinned
+    """The project's pairwise verdict schema (``pipeline.types.schemas``: the winner first, pinned
     by an enum, then a rationale whose maxLength fits ``max_tokens``), without "tie" unless
     ties are allowed."""
     try:
@@ -102,7 +105,7 @@ def build_requests(
     identity: dict[str, Any] | None = None,
 ) -> tuple[list[ChatRequest], list[tuple[str, str]]]:
     """Both orders of every pair; ``identity`` (the answering backend's) decides whether
-    the schema is sent with its rationale's bound (pipeline/schemas.py: for_engine)."""
+    the schema is sent with its rationale's bound (pipeline/types/schemas.py: for_engine)."""
     fmt, ties = spec.opt("format"), spec.opt("ties")
     schema = verdict_schema(spec.opt("max_tokens"), ties) if fmt == "json" else None
     files = getattr(spec, "prompts", None) or {}
@@ -232,12 +235,6 @@ def run_judge(
     progress: bool = True,
 ) -> tuple[dict[str, JudgeOutcome], dict[str, Any]]:
     """Ask the judge about every pair, in both orders, for each setting."""
-    from pipeline.backends.factory import make_backend
-    from pipeline.backends.identity import identify, identity_id
-    from pipeline.cache import RequestCache
-    from pipeline.llm import LLMRunner
-    from pipeline.run.layout import CACHE
-
     model = spec.target or cfg.judge.model or cfg.backend.model
     cache_path = out_dir / CACHE  # the judge's own cache, beside its results
     # what answers is part of each request's key, as in a run (pipeline/backends/identity.py)

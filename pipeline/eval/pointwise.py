@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pipeline.errors import BackendError, InputError
-from pipeline.modelfiles import check_weights, load_errors
-from pipeline.registry import Registry
+from pipeline.core.errors import BackendError, InputError
+from pipeline.core.modelfiles import check_weights, load_errors
+from pipeline.core.registry import Registry
 
 EXTRA_HINT = "pip install 'personalized-rewardbench[eval]'"
 VLLM_HINT = "pip install 'personalized-rewardbench[vllm]' (needs a CUDA GPU)"

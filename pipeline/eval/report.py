@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.fields import show, show_ci
 from pipeline.eval.data import SETTINGS
 from pipeline.eval.results import LEADERBOARD_JSONL, RESULTS_FILE, default_root
-from pipeline.fields import show, show_ci
 
 _ORDER = {name: i for i, name in enumerate(SETTINGS)}
 

@@ -35,10 +35,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
+from pipeline.core.fields import show, show_ci
+from pipeline.core.io import read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from pipeline.eval.data import SETTINGS
-from pipeline.fields import show, show_ci
-from pipeline.io import read_json, write_json_atomic, write_jsonl_atomic, write_text_atomic
 from pipeline.run import default_eval_root
 from pipeline.run.layout import LOCK
 from pipeline.run.outputs import check_output

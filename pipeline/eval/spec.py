@@ -3,7 +3,7 @@ for an LLM judge. Options are checked here, before any model loads, and every mi
 one-line error naming ``--scorer`` and what to write instead.
 
 A judge's ``system_prompt=`` and ``user_prompt=`` files (the reference benchmark's style,
-``pipeline.promptfiles``) are read and checked here too, so a missing file or a wrong
+``pipeline.types.promptfiles``) are read and checked here too, so a missing file or a wrong
 placeholder stops the run before the split loads; their hashes name the result folder.
 
 Each kind of scorer is a ``ScorerKind`` class registered in ``SCORERS`` under its prefix: a
@@ -20,9 +20,17 @@ from typing import Any, ClassVar
 
 import yaml
 
-from pipeline.errors import InputError
-from pipeline.eval.pointwise import ENGINES, check_device, check_device_map, check_model_folder
-from pipeline.registry import Registry
+from pipeline.core.errors import InputError
+from pipeline.core.modelfiles import load_errors
+from pipeline.core.registry import Registry
+from pipeline.eval.pointwise import (
+    ENGINES,
+    Encoder,
+    _import_torch_transformers,
+    check_device,
+    check_device_map,
+    check_model_folder,
+)
 
 Options = dict[str, tuple[type, Any, str]]
 
@@ -237,9 +245,6 @@ class RewardModel(ScorerKind):
     def load_check(cls, spec: ScorerSpec) -> None:
         """The tokenizer (and its chat template) and the model's config load: one line
         naming the folder when they do not."""
-        from pipeline.eval.pointwise import Encoder, _import_torch_transformers
-        from pipeline.modelfiles import load_errors
-
         path = Path(spec.target).expanduser()
         try:
             Encoder(
@@ -446,7 +451,7 @@ def _read_prompt_files(options: dict[str, Any]) -> dict[str, Any]:
             path="--scorer",
             field="format",
         )
-    from pipeline.promptfiles import read_prompt_file
+    from pipeline.types.promptfiles import read_prompt_file
 
     return {
         "system_prompt": read_prompt_file(

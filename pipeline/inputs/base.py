@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pipeline.errors import InputError
-from pipeline.fields import visible_text
-from pipeline.ids import stable_id
-from pipeline.registry import Registry
+from pydantic import Field, field_validator
 
-if TYPE_CHECKING:
-    from pipeline.config import InputSection
+from pipeline.core.errors import InputError
+from pipeline.core.fields import visible_text
+from pipeline.core.ids import stable_id
+from pipeline.core.registry import Registry
+from pipeline.core.section import Section
 
 # What a configured path must be (checked when the config loads, before anything opens it).
 PathWant = Literal["file", "folder or parquet file"]
@@ -90,7 +90,7 @@ class InputFormat:
 
 
 class FormatRegistry(Registry[type[InputFormat]]):
-    """Input format names -> reader classes (pipeline/registry.py's checks). Built-in
+    """Input format names -> reader classes (pipeline/core/registry.py's checks). Built-in
     formats are ``"module:Class"`` strings imported on first use (``datasets`` stays out
     of a JSONL run); a class given directly is checked at once."""
 
@@ -108,6 +108,65 @@ FORMATS = FormatRegistry("input format", InputFormat, field="input.format")
 def register_format(name: str) -> Callable[[type[InputFormat]], type[InputFormat]]:
     """Class decorator: ``@register_format("csv") class CsvFormat(InputFormat): ...``."""
     return FORMATS.register(name)
+
+
+class InputSection(Section):
+    """The config's ``input`` section: which format reads the examples, and its paths."""
+
+    format: str = Field(
+        "lamp",
+        description="Input format, one of the registered readers (others: docs/inputs.md):",
+        json_schema_extra={"registry": "pipeline.inputs:FORMATS"},
+    )
+    path: Path | None = Field(
+        None, description="lamp: the JSONL file; hf: the dataset folder or parquet file."
+    )
+    users_path: Path | None = Field(None, description="generic: the users JSONL file.")
+    questions_path: Path | None = Field(None, description="generic: the questions JSONL file.")
+    dataset: str | None = Field(
+        None,
+        description="hub: the dataset's Hub name (e.g. alireza7/LaMP-QA) or a local dataset "
+        "repository folder.",
+    )
+    configs: list[str] = Field(
+        default_factory=list,
+        description="hub: the configs to read, in order; each config's name is the category "
+        "of its rows that carry none; empty: the dataset's default config.",
+    )
+    revision: str | None = Field(None, description="hub: a branch, tag or commit; none: main.")
+    cache_dir: Path | None = Field(
+        None, description="hub: the datasets cache folder; none: HF_DATASETS_CACHE or its default."
+    )
+    split: str | None = Field(
+        None, description="hf: split to read from a DatasetDict folder; hub: the split to load."
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="hf, hub: our field name -> the source column name (e.g. {question: query}).",
+    )
+    # upper bounds on counts guard against typos (an extra zero or two), not real inputs
+    limit: int | None = Field(
+        None, ge=1, le=1_000_000_000, description="Read at most this many examples."
+    )
+    chunk_size: int = Field(
+        256, ge=1, le=1_000_000,
+        description="Examples per ingest stage output shard (a crash loses at most one).",
+    )  # fmt: skip
+
+    @field_validator("format")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        # the list of formats is the registry's (pipeline/inputs/), not kept here
+        if v not in FORMATS:
+            raise ValueError(FORMATS.unknown(v))
+        return v
+
+    @field_validator("configs")
+    @classmethod
+    def _unique_configs(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("configs must not repeat")
+        return v
 
 
 # ---------------------------------------------------------------------------------------

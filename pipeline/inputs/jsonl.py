@@ -11,13 +11,15 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
+from pipeline.core.io import path_kind
 from pipeline.inputs.base import (
     DEFAULT_KEYS,
     FORMATS,
     InputFormat,
+    InputSection,
     Loc,
     PathWant,
     Unique,
@@ -28,10 +30,6 @@ from pipeline.inputs.base import (
     question_fields,
     required,
 )
-from pipeline.io import path_kind
-
-if TYPE_CHECKING:
-    from pipeline.config import InputSection
 
 # A JSON escape of a UTF-16 surrogate; only such an escape can put one in a decoded string
 # (raw UTF-8 bytes cannot encode a surrogate, and the decode below rejects them).

@@ -15,13 +15,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
+from pipeline.core.io import path_kind
+from pipeline.core.modelfiles import hub_reachable as _hub_reachable
 from pipeline.inputs.base import (
     DEFAULT_KEYS,
     FIELDS,
     InputFormat,
+    InputSection,
     Loc,
     PathWant,
     Unique,
@@ -31,11 +34,6 @@ from pipeline.inputs.base import (
     question_fields,
     required,
 )
-from pipeline.io import path_kind
-from pipeline.modelfiles import hub_reachable as _hub_reachable
-
-if TYPE_CHECKING:
-    from pipeline.config import InputSection
 
 # Our field names that a table source may map to its own column names.
 HF_FIELDS = FIELDS

@@ -2,28 +2,45 @@
 everything else about its kind (docs/backends.md, "Adding a backend"): its name, its
 settings section, its pip extra, whether it can answer new requests, how it is built,
 checked before a run, identified, described, and how `prb plan` counts its tokens.
-Nothing outside pipeline/backends/ asks a backend's name."""
+Nothing outside pipeline/backends/ asks a backend's name. Beside it, its registry
+(``BACKENDS``) and the config's ``backend`` section (``BackendSection``), whose name must
+be registered and which holds each backend's settings (pipeline/kinds/settings.py)."""
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import importlib.util
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.errors import BackendError
-from pipeline.registry import Registry
+from pydantic import Field, field_validator, model_validator
 
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection, Settings
+from pipeline.core.errors import BackendError, ConfigError
+from pipeline.core.redact import public_url
+from pipeline.core.registry import Registry
+from pipeline.kinds.settings import (
+    LLAMACPP_DEFAULT_MODEL,
+    LlamaCppSettings,
+    OpenAISettings,
+    RaySettings,
+    ReasoningSettings,
+    ReplaySettings,
+    Settings,
+    VLLMSettings,
+    move_flat_keys,
+)
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 # places a path from the config against the config file's folder
 Resolve = Callable[[Path | None], Path | None]
+# a request as its server receives it: the requests it goes out as (Backend.as_sent)
+AsSent = Callable[[ChatRequest], list[ChatRequest]]
 
 
 class RequestFeed:
@@ -255,6 +272,23 @@ class Backend(abc.ABC):
         """The model a stage asks for: its own (``judge.model``), else backend.model."""
         return model or cfg.model
 
+    @classmethod
+    def as_sent(cls, identity: dict[str, Any]) -> tuple[AsSent, list[str]]:
+        """How the server ``identity`` records receives a request: as the requests it goes
+        out as, on which `prb plan` and ``run.budget`` count prompts and bounds, and the
+        plan's notes on that. Here: as it is, nothing to note."""
+        return (lambda req: [req]), []
+
+    @classmethod
+    def planning(
+        cls, schemas: Callable[[], list[dict[str, Any]]]
+    ) -> AbstractContextManager[list[str]]:
+        """Inside: :meth:`identify` asks no server what it takes (`prb plan` sends
+        nothing); the list it yields gets, on leaving, the plan's notes on what it could
+        not know that way. ``schemas``: the JSON schemas the run sends, as sent. Here:
+        nothing to note."""
+        return contextlib.nullcontext([])
+
 
 # ---- the registry -----------------------------------------------------------------------
 # A backend is one class: registering it here, by its module path (imported on first use),
@@ -262,7 +296,7 @@ class Backend(abc.ABC):
 
 
 class BackendRegistry(Registry[type[Backend]]):
-    """Name -> backend class (pipeline/registry.py's checks), plus what a run records of
+    """Name -> backend class (pipeline/core/registry.py's checks), plus what a run records of
     every registered backend."""
 
     def answers_new(self, name: str) -> bool:
@@ -293,3 +327,137 @@ BACKENDS.register("llamacpp", "pipeline.backends.llamacpp_backend:LlamaCppBacken
 BACKENDS.register("replay", "pipeline.backends.replay:ReplayBackend")
 BACKENDS.register("ray", "pipeline.backends.ray_backend:RayBackend")
 BACKENDS.register("batchfile", "pipeline.backends.batchfile:BatchFileBackend")
+
+
+class BackendSection(Settings):
+    """The ``backend`` section: what every backend shares, then one section per backend."""
+
+    name: str = Field(
+        "openai",
+        description="Backend, one of the registered ones:",
+        json_schema_extra={"registry": "pipeline.kinds.backend:BACKENDS"},
+    )
+    model: str = Field(
+        "stand-in",
+        description="Model name sent to the server / loaded by vLLM; llamacpp: a GGUF file "
+        f"(default: {LLAMACPP_DEFAULT_MODEL}, no download).",
+    )
+    max_attempts: int = Field(
+        6,
+        ge=1,
+        le=100,
+        description="Attempts per request on transient errors (429, 5xx, timeouts).",
+    )
+    backoff_initial_s: float = Field(
+        0.5, ge=0, le=600, description="First retry wait; doubles each try."
+    )
+    backoff_max_s: float = Field(
+        30.0, ge=0, le=3600, description="Longest wait between two attempts."
+    )
+    max_reasks: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="Re-asks when a JSON-schema answer does not parse or validate.",
+    )
+    invalid_retry_runs: int = Field(
+        1,
+        ge=0,
+        le=100,
+        description="Runs that retry a request whose answer stayed invalid after its "
+        "re-asks before the failure is final (a deterministic model repeats itself).",
+    )
+    abort_after_failures: int = Field(
+        50,
+        ge=1,
+        le=1_000_000,
+        description="Stop the stage after this many consecutive failed requests "
+        "(the server or engine is likely down).",
+    )
+    openai: OpenAISettings = Field(
+        default_factory=OpenAISettings,
+        description="openai backend settings (also the ray backend's http engine).",
+    )
+    vllm: VLLMSettings = Field(
+        default_factory=VLLMSettings,
+        description="vllm backend settings (also the ray backend's vllm engine).",
+    )
+    llamacpp: LlamaCppSettings = Field(
+        default_factory=LlamaCppSettings, description="llamacpp backend settings."
+    )
+    ray: RaySettings = Field(default_factory=RaySettings, description="ray backend settings.")
+    replay: ReplaySettings = Field(
+        default_factory=ReplaySettings, description="replay backend settings."
+    )
+
+    def sections(self) -> dict[str, Settings]:
+        """Every backend's section, by backend name."""
+        return {k: v for k, v in self if isinstance(v, Settings)}
+
+    def secret_env_names(self) -> list[str]:
+        """The environment variables the sections name as holding secrets."""
+        return [getattr(s, f) for s in self.sections().values() for f in s.secret_env_fields]
+
+    def urls(self) -> list[str]:
+        """Every URL the sections hold (their credentials are registered as secrets)."""
+        return [getattr(s, f) for s in self.sections().values() for f in s.url_fields]
+
+    def public(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` (this section dumped) with the URLs' credentials masked."""
+        for name, s in self.sections().items():
+            for f in s.url_fields:
+                if isinstance(data.get(name), dict) and data[name].get(f):
+                    data[name][f] = public_url(data[name][f])
+        return data
+
+    def reasoning(self, name: str | None = None) -> ReasoningSettings | None:
+        """The reasoning settings of backend ``name`` (default: the configured one), when
+        it has them and they are on."""
+        r = getattr(self.section(name), "reasoning", None)
+        return r if isinstance(r, ReasoningSettings) and r.enabled else None
+
+    def section(self, name: str | None = None) -> Settings | None:
+        """The settings section of backend ``name`` (default: the configured one); None
+        for a backend without one."""
+        value = getattr(self, name or self.name, None)
+        return value if isinstance(value, Settings) else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys(cls, data: Any) -> Any:
+        # keys an older config held flat; the loader prints the deprecation line
+        if isinstance(data, dict):
+            data, _ = move_flat_keys(data)
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_model_given(cls, data: Any) -> Any:
+        # for a backend with its own default model a null or empty model means "none
+        # given", as if left out
+        if isinstance(data, dict) and not data.get("model") and "model" in data:
+            section = cls.model_fields.get(str(data.get("name")))
+            kind = section.annotation if section is not None else None
+            if isinstance(kind, type) and issubclass(kind, Settings) and kind.default_model:
+                data = {k: v for k, v in data.items() if k != "model"}
+        return data
+
+    @model_validator(mode="after")
+    def _backend_default_model(self) -> BackendSection:
+        # No model given: a backend with its own default (llamacpp's packaged GGUF) uses
+        # it; the others keep the shared default. Also when `name` is assigned later.
+        # (__dict__: no re-validation loop.)
+        if "model" not in self.model_fields_set:
+            section = self.section()
+            own = section.default_model if section is not None else None
+            self.__dict__["model"] = own or type(self).model_fields["model"].default
+        return self
+
+    @field_validator("name")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        try:
+            BACKENDS.check(v)
+        except ConfigError as exc:
+            raise ValueError(exc.reason) from None
+        return v

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pipeline.chat import ChatRequest
-from pipeline.registry import Registry
+from pipeline.core.registry import Registry
+from pipeline.types.chat import ChatRequest
 
 SETTING = "backend.openai.structured_output"
 

@@ -1,10 +1,11 @@
-"""The ``backend`` section of a run's config: the settings every backend shares, and one
-typed section per backend (``backend.openai``, ``backend.vllm``, ``backend.llamacpp``,
-``backend.ray``, ``backend.replay``).
+"""Each backend's settings: one typed section per backend (``backend.openai``,
+``backend.vllm``, ``backend.llamacpp``, ``backend.ray``, ``backend.replay``) and their
+base, ``Settings``. The ``backend`` section that composes them and names the backend
+(``BackendSection``) lives with the backends' registry, in pipeline/kinds/backend.py.
 
-Below the config layer (pipeline/config/sections.py composes this section into ``Config``) and
-free of heavy imports: validating a config never imports an engine. Each backend's class
-names its section model (``Backend.settings``, pipeline/kinds/backend.py).
+Below the config layer (pipeline/config/sections.py composes the section into ``Config``)
+and free of heavy imports: validating a config never imports an engine. Each backend's
+class names its section model (``Backend.settings``).
 
 Older configs held the openai and replay settings flat in ``backend`` (``backend.base_url``,
 ``backend.replay_cache``); they are still read, moved into their section
@@ -16,14 +17,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from pipeline.section import Section
+from pipeline.core.section import Section
+from pipeline.kinds.dialect import DIALECTS
 
 
 class Settings(Section):
     """A backend's config section: unknown keys, inf/nan and a bool for a number refused
-    (pipeline/section.py, as every section of pipeline/config/sections.py)."""
+    (pipeline/core/section.py, as every section of pipeline/config/sections.py)."""
 
     # the model a backend uses when backend.model is left out; None: the shared default
     default_model: ClassVar[str | None] = None
@@ -222,8 +224,6 @@ class OpenAISettings(Settings):
     @field_validator("structured_output")
     @classmethod
     def _known_dialect(cls, v: str) -> str:
-        from pipeline.kinds.dialect import DIALECTS
-
         if v != "auto" and v not in DIALECTS:
             raise ValueError(DIALECTS.unknown(v).replace("Known: ", "Known: auto, "))
         return v
@@ -408,142 +408,3 @@ def deprecation_line(found: list[str], source: str) -> str:
     """The one line a config with flat backend keys gets."""
     moves = ", ".join(f"backend.{k} is now backend.{flat_key_target(k)}" for k in found)
     return f"warning: {source}: {moves} (the old name is read for now; use the new one)"
-
-
-class BackendSection(Settings):
-    """The ``backend`` section: what every backend shares, then one section per backend."""
-
-    name: str = Field(
-        "openai",
-        description="Backend, one of the registered ones:",
-        json_schema_extra={"registry": "pipeline.kinds.backend:BACKENDS"},
-    )
-    model: str = Field(
-        "stand-in",
-        description="Model name sent to the server / loaded by vLLM; llamacpp: a GGUF file "
-        f"(default: {LLAMACPP_DEFAULT_MODEL}, no download).",
-    )
-    max_attempts: int = Field(
-        6,
-        ge=1,
-        le=100,
-        description="Attempts per request on transient errors (429, 5xx, timeouts).",
-    )
-    backoff_initial_s: float = Field(
-        0.5, ge=0, le=600, description="First retry wait; doubles each try."
-    )
-    backoff_max_s: float = Field(
-        30.0, ge=0, le=3600, description="Longest wait between two attempts."
-    )
-    max_reasks: int = Field(
-        2,
-        ge=0,
-        le=10,
-        description="Re-asks when a JSON-schema answer does not parse or validate.",
-    )
-    invalid_retry_runs: int = Field(
-        1,
-        ge=0,
-        le=100,
-        description="Runs that retry a request whose answer stayed invalid after its "
-        "re-asks before the failure is final (a deterministic model repeats itself).",
-    )
-    abort_after_failures: int = Field(
-        50,
-        ge=1,
-        le=1_000_000,
-        description="Stop the stage after this many consecutive failed requests "
-        "(the server or engine is likely down).",
-    )
-    openai: OpenAISettings = Field(
-        default_factory=OpenAISettings,
-        description="openai backend settings (also the ray backend's http engine).",
-    )
-    vllm: VLLMSettings = Field(
-        default_factory=VLLMSettings,
-        description="vllm backend settings (also the ray backend's vllm engine).",
-    )
-    llamacpp: LlamaCppSettings = Field(
-        default_factory=LlamaCppSettings, description="llamacpp backend settings."
-    )
-    ray: RaySettings = Field(default_factory=RaySettings, description="ray backend settings.")
-    replay: ReplaySettings = Field(
-        default_factory=ReplaySettings, description="replay backend settings."
-    )
-
-    def sections(self) -> dict[str, Settings]:
-        """Every backend's section, by backend name."""
-        return {k: v for k, v in self if isinstance(v, Settings)}
-
-    def secret_env_names(self) -> list[str]:
-        """The environment variables the sections name as holding secrets."""
-        return [getattr(s, f) for s in self.sections().values() for f in s.secret_env_fields]
-
-    def urls(self) -> list[str]:
-        """Every URL the sections hold (their credentials are registered as secrets)."""
-        return [getattr(s, f) for s in self.sections().values() for f in s.url_fields]
-
-    def public(self, data: dict[str, Any]) -> dict[str, Any]:
-        """``data`` (this section dumped) with the URLs' credentials masked."""
-        from pipeline.redact import public_url
-
-        for name, s in self.sections().items():
-            for f in s.url_fields:
-                if isinstance(data.get(name), dict) and data[name].get(f):
-                    data[name][f] = public_url(data[name][f])
-        return data
-
-    def reasoning(self, name: str | None = None) -> ReasoningSettings | None:
-        """The reasoning settings of backend ``name`` (default: the configured one), when
-        it has them and they are on."""
-        r = getattr(self.section(name), "reasoning", None)
-        return r if isinstance(r, ReasoningSettings) and r.enabled else None
-
-    def section(self, name: str | None = None) -> Settings | None:
-        """The settings section of backend ``name`` (default: the configured one); None
-        for a backend without one."""
-        value = getattr(self, name or self.name, None)
-        return value if isinstance(value, Settings) else None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flat_keys(cls, data: Any) -> Any:
-        # keys an older config held flat; the loader prints the deprecation line
-        if isinstance(data, dict):
-            data, _ = move_flat_keys(data)
-        return data
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_model_given(cls, data: Any) -> Any:
-        # for a backend with its own default model a null or empty model means "none
-        # given", as if left out
-        if isinstance(data, dict) and not data.get("model") and "model" in data:
-            section = cls.model_fields.get(str(data.get("name")))
-            kind = section.annotation if section is not None else None
-            if isinstance(kind, type) and issubclass(kind, Settings) and kind.default_model:
-                data = {k: v for k, v in data.items() if k != "model"}
-        return data
-
-    @model_validator(mode="after")
-    def _backend_default_model(self) -> BackendSection:
-        # No model given: a backend with its own default (llamacpp's packaged GGUF) uses
-        # it; the others keep the shared default. Also when `name` is assigned later.
-        # (__dict__: no re-validation loop.)
-        if "model" not in self.model_fields_set:
-            section = self.section()
-            own = section.default_model if section is not None else None
-            self.__dict__["model"] = own or type(self).model_fields["model"].default
-        return self
-
-    @field_validator("name")
-    @classmethod
-    def _known_backend(cls, v: str) -> str:
-        from pipeline.errors import ConfigError
-        from pipeline.kinds.backend import BACKENDS
-
-        try:
-            BACKENDS.check(v)
-        except ConfigError as exc:
-            raise ValueError(exc.reason) from None
-        return v

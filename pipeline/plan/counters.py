@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.backends.identity import is_standin
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest
 from pipeline.config import Config
 from pipeline.kinds.backend import BACKENDS
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest
 
 DEFAULT_CHARS_PER_TOKEN = 4.0  # English text with the current BPE tokenizers
 # a slow tokenizer counts this many prompts of a stage exactly; the rest are counted by

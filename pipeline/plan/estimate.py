@@ -9,19 +9,26 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeline.backends.openai.dialects import Dialect, of_identity
-from pipeline.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest, output_bound
+from pipeline.backends.identity import describe
 from pipeline.config import Config
-from pipeline.errors import BackendError
-from pipeline.kinds.backend import BACKENDS
+from pipeline.core.errors import BackendError
+from pipeline.engine.budget import Spend, backend_spend, cost_usd, request_bound, run_prices
+from pipeline.inputs.ingest import iter_examples
+from pipeline.kinds.backend import BACKENDS, AsSent
+from pipeline.kinds.stages import ORDER
+from pipeline.orchestration.orchestrate import check_contracts, make_plan, plan_stages
 from pipeline.plan.counters import TokenCounter, WordCounter, choose_counter
 from pipeline.plan.placeholders import NoCache, make_filler
 from pipeline.plan.result import Figures, Plan, StageEstimate
 from pipeline.plan.throughput import throughput
 from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
+from pipeline.stages import STAGES
 from pipeline.stages.base import Context, PlannedExample, Stage
+from pipeline.stages.ingest import IngestStage
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest, output_bound
+from pipeline.types.profile import check_ranker_installed
 
 LOOKUP_BATCH = 900
 
@@ -61,17 +68,17 @@ def _counted(
     counter: TokenCounter,
     mean: float | None,
     extra: _Extra | None = None,
-    dialects: dict[str, Dialect] | None = None,
+    as_sent: AsSent | None = None,
     reasoning: dict[str, Any] | None = None,
 ) -> Iterator[dict]:
     """Count the planned requests into ``est`` as they pass; what is done (``done`` None:
     everything) or cached is not to be sent. Yields the rows of examples still to do, for
     the stages that read them (nothing holds them: see ``_Planned``). ``extra``: where the
-    placeholder answer's occurrences are counted, for the prompt bounds. ``dialects``: how
-    each model's server is sent a request (the identity's record), whose prompts are
-    counted as sent (``Dialect.as_sent``: the schema in the prompt, a prompt per choice
-    where ``n`` is split). ``reasoning``: a reasoning model's settings (the identity's
-    record), whose reasoning budget each answer may take on top of its max_tokens."""
+    placeholder answer's occurrences are counted, for the prompt bounds. ``as_sent``: how
+    the server is sent a request (``Backend.as_sent``: the schema in the prompt, a prompt
+    per choice where ``n`` is split), whose prompts are counted as sent. ``reasoning``: a
+    reasoning model's settings (the identity's record), whose reasoning budget each answer
+    may take on top of its max_tokens."""
     batch: list[tuple[ChatRequest, bool, float | None]] = []
 
     def flush() -> None:
@@ -79,8 +86,7 @@ def _counted(
         for req, settled, share in batch:
             # (a key is hashed only when the cache holds something to find)
             cached = settled or (bool(present) and req.key in present)
-            dialect = dialects.get(req.model) if dialects else None
-            sent = dialect.as_sent(req) if dialect is not None else [req]
+            sent = as_sent(req) if as_sent is not None else [req]
             # the copies of a split request are one prompt each
             tokens = counter.count(sent[0]) * len(sent)
             held = 0
@@ -91,7 +97,7 @@ def _counted(
                     extra.held_to_send += held
             per_choice = output_bound(req, reasoning)
             bound = per_choice * req.n
-            budget_prompt = request_bound(req, dialect).prompt_tokens
+            budget_prompt = request_bound(req, as_sent).prompt_tokens
             expected = min(mean, per_choice) * req.n if mean is not None else None
             p = 1.0 if share is None else share
             for fig in (est.total,) if cached else (est.total, est.to_send):
@@ -175,9 +181,6 @@ class _IngestRows:
         if self.action == "skip":
             yield from ctx.run_dir.stage("ingest").rows()
             return
-        from pipeline.ingest import iter_examples
-        from pipeline.stages.ingest import IngestStage
-
         views = self._views
         for i, r in enumerate(iter_examples(ctx.config.input, ctx.config.resolve_input)):
             if i == len(views):
@@ -195,11 +198,9 @@ class _IngestRows:
 
 def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
     """What answers this run, as the plan can know it without writing or sending."""
-    from pipeline.backends.identity import describe
-    from pipeline.backends.openai.dialects import without_probing
-
     try:
-        with without_probing():  # what a server takes is read from the run's record only
+        # what a server takes is read from the run's record only
+        with BACKENDS.get(ctx.config.backend.name).planning(lambda: _sent_schemas(ctx)) as known:
             ident = ctx.served_by
     except BackendError as exc:
         note = f"the backend's identity is unknown ({exc})"
@@ -207,32 +208,11 @@ def _identity(ctx: Context, has_cache: bool) -> tuple[str, list[str]]:
             note += "; the cache cannot be matched, so every request counts as to be sent"
         ctx.assume_served_by({"kind": "unknown", "model_output": True, "reason": str(exc)[:200]})
         return "unknown: " + str(exc)[:200], [note]
-    notes = list(dict.fromkeys(ctx.warnings))
-    from pipeline.backends.openai.dialects import not_known_yet
-
-    unknown = not_known_yet()
-    if unknown:
-        url, _ = unknown[0]
-        models = ", ".join(repr(m) for _, m in unknown)
-        extra = _largest_schema_tokens(ctx)
-        notes.append(
-            f"what the server at {url} takes for JSON requests with {models} is not known "
-            "yet (backend.openai.structured_output: auto asks it at the first run's first "
-            "request): counted as today's body. A server that takes only json_object or no "
-            "response_format (llama-cpp-python's, some providers) is also sent each schema "
-            f"in the system message, up to about {extra:,} prompt tokens more a JSON request, "
-            "so a run.budget.tokens set from this plan can stop the run early; set "
-            "backend.openai.structured_output to what the server takes to count it exactly"
-        )
-    return describe(ident), notes
+    return describe(ident), [*dict.fromkeys(ctx.warnings), *known]
 
 
-def _largest_schema_tokens(ctx: Context) -> int:
-    """About how many prompt tokens the largest JSON schema this config sends adds when it
-    is stated in the system message (four characters a token)."""
-    from pipeline import schemas
-    from pipeline.backends.openai.dialects import schema_statement
-
+def _sent_schemas(ctx: Context) -> list[dict[str, Any]]:
+    """The JSON schemas this config sends, as sent."""
     c = ctx.config
     j, r = c.judge, c.rubrics
     m, cap = j.sampling.max_tokens, j.rationale_max_chars
@@ -243,8 +223,7 @@ def _largest_schema_tokens(ctx: Context) -> int:
     ]
     if r.source == "generated":
         found.append(schemas.rubric_schema(r.min_items, r.max_items, r.sampling.max_tokens))
-    texts = [schema_statement(ctx.sent_schema(s)) for s in found]
-    return max(len(t) for t in texts) // 4 if texts else 0
+    return [ctx.sent_schema(s) for s in found]
 
 
 def estimate(
@@ -258,9 +237,6 @@ def estimate(
     """Plan the run ``config`` describes; writes nothing, sends no request. ``fresh``: as
     if nothing had run yet (no run directory, no cache): what the plan said before the run,
     which a finished stage's actual figures are compared with."""
-    from pipeline.kinds.stages import ORDER, STAGES
-    from pipeline.orchestrate import check_contracts, plan_stages
-
     t0 = time.perf_counter()
     names = plan_stages(until, only)
     last = ORDER.index(names[-1])
@@ -287,8 +263,6 @@ def _estimate(
     tokens_per_second: float | None,
     t0: float,
 ) -> Plan:
-    from pipeline.orchestrate import make_plan
-
     config, rd, cache = ctx.config, ctx.run_dir, ctx.cache
     assert ctx.planned_rows is not None
     llm_stages = [n for n, s in stages.items() if s.uses_llm(ctx)]
@@ -306,8 +280,8 @@ def _estimate(
     for model in dict.fromkeys(models.values()):
         counters[model], more = choose_counter(config, ctx.served_by, model, cache, served_by)
         notes += more
-    # what the run found (or was told) each model's server takes: prompts counted as sent
-    dialects = of_identity(ctx.served_by) if llm_stages else {}
+    # what the run found (or was told) the server takes: prompts counted as sent
+    as_sent, sent_notes = kind.as_sent(ctx.served_by) if llm_stages else (None, [])
     reasoning = ctx.served_by.get("reasoning") if llm_stages else None
     if reasoning:
         notes.append(
@@ -319,17 +293,10 @@ def _estimate(
                 else ")"
             )
         )
-    for model, d in dialects.items():
-        if d.note_for_schema() or d.n == "split":
-            notes.append(
-                f"prompt tokens counted as {model}'s server is sent them "
-                f"({d.describe()}; backend.openai.structured_output)"
-            )
+    notes += sent_notes
 
     ingest_plan = plans[0]
     if ingest_plan.action != "skip":
-        from pipeline.profile import check_ranker_installed
-
         # the plan ranks profiles as ingest would: a missing ranker extra is one line
         check_ranker_installed(config.profile.ranker)
     ingest_rows = _IngestRows(ctx, ingest_plan.action)
@@ -375,7 +342,7 @@ def _estimate(
                 extra = _Extra(text, beyond, math.ceil(beyond * per_token))
         rows = _counted(
             est, stage.plan_examples(ctx, set(), filler), done, cache, counter,
-            m.get("output_per_choice"), extra, dialects, reasoning,
+            m.get("output_per_choice"), extra, as_sent, reasoning,
         )  # fmt: skip
         counted.append((est, stage, counter, m, extra))
         if p.action != "skip":

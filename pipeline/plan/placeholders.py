@@ -8,11 +8,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pipeline.cache import RequestCache
 from pipeline.config import Config
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.plan.counters import TokenCounter
 from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
 
 # words of a generated rubric's aspect when no rubric exists yet to measure
 GUESSED_ASPECT_WORDS = 8

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.budget import TEMPLATE_TOKENS_PER_MESSAGE
+from pipeline.engine.budget import TEMPLATE_TOKENS_PER_MESSAGE
 from pipeline.plan.result import Plan
 
 

@@ -22,7 +22,7 @@ class Figures:
     output_bound_expected: float = 0.0
     choices: int = 0
     # the prompts as run.budget bounds them before sending (UTF-8 bytes plus
-    # TEMPLATE_TOKENS_PER_MESSAGE a message; pipeline/budget.py), placeholder answers at
+    # TEMPLATE_TOKENS_PER_MESSAGE a message; pipeline/engine/budget.py), placeholder answers at
     # max_tokens: what a budget must leave room for
     budget_prompt: int = 0
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.budget import LLM_STAGES
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.engine.budget import LLM_STAGES
 from pipeline.kinds.backend import BACKENDS
 from pipeline.stages.base import Context
 

@@ -11,8 +11,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pipeline.fields import show
-from pipeline.io import file_digest
+from pipeline.core.fields import show
+from pipeline.core.io import file_digest
 from pipeline.publish.validity import rows as validity_rows
 from pipeline.release.columns import json_text
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
-from pipeline.io import fsync_dir, read_json
+from pipeline.core.errors import InputError
+from pipeline.core.io import fsync_dir, read_json
 from pipeline.run import RunDir
 from pipeline.run.layout import RELEASE_ALL, RELEASE_MARKER, RELEASE_SUMMARY
 from pipeline.run.outputs import check_output

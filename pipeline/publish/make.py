@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.annotate.rounds import agreement_summaries, latest_verdicts, why_unverified
-from pipeline.errors import PipelineError, RunDirError, StageError
-from pipeline.io import loads
+from pipeline.core.errors import PipelineError, RunDirError, StageError
+from pipeline.core.io import loads
+from pipeline.core.redact import secret_values
 from pipeline.publish import folder, targets, validity
 from pipeline.publish.card import DATA_FILE, config_name, data_file_digests, render_card
 from pipeline.publish.recorded import check_current
@@ -41,9 +42,7 @@ ID_COLUMN, CATEGORY_COLUMN = BY_NAME["id"], BY_NAME["category"]
 
 def _secret_values(config: Config | None) -> dict[str, str]:
     """Environment variable name -> value for everything that may hold a credential
-    (the one rule of ``pipeline.redact``)."""
-    from pipeline.redact import secret_values
-
+    (the one rule of ``pipeline.core.redact``)."""
     if config is None:
         return secret_values()
     return secret_values([*config.backend.secret_env_names(), config.annotation.token_env])

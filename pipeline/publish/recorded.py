@@ -23,8 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, PipelineError, RunDirError
-from pipeline.io import read_json
+from pipeline.backends.identity import describe, identity_id
+from pipeline.core.errors import InputError, PipelineError, RunDirError
+from pipeline.core.io import read_json
+from pipeline.rules import RuleSet
 from pipeline.run import RunDir, StageDir
 from pipeline.run.layout import RELEASE_SUMMARY
 
@@ -59,12 +61,10 @@ def summary_of(folder: Path) -> dict[str, Any] | None:
 def stage_identity(sd: StageDir) -> dict[str, Any] | None:
     """A stage's identity: its fingerprint and the content id of its finished data (None
     when it never started)."""
-    from pipeline.orchestrate import content_id
-
     meta = sd.meta
     if meta is None:
         return None
-    return {"fingerprint": meta.fingerprint, "content_id": content_id(sd) if sd.done else None}
+    return {"fingerprint": meta.fingerprint, "content_id": sd.content_id() if sd.done else None}
 
 
 def built_from(rd: RunDir) -> dict[str, Any]:
@@ -89,7 +89,6 @@ def recorded_rules(summary: Mapping[str, Any], path: Path) -> tuple[Any, int] | 
     from pydantic import ValidationError
 
     from pipeline.config import pairs_model
-    from pipeline.rules import RuleSet
 
     prov = summary.get("provenance")
     rules = prov.get("rules") if isinstance(prov, Mapping) else None
@@ -143,8 +142,6 @@ def _state(sd: StageDir) -> str:
 
 def _backend_note(sd: StageDir, before: Mapping[str, Any] | None) -> str:
     """ ", now answered by <what>" when the stage's backend is not the one it had."""
-    from pipeline.backends.identity import describe, identity_id
-
     now = _served(sd)
     if now is None or not isinstance(before, Mapping):
         return ""
@@ -157,8 +154,6 @@ def _moved_on(rd: RunDir) -> tuple[StageDir, str] | None:
     """The first stage (in run order) whose data is no longer what the finished pair stage
     was built from, and how: unfinished, re-done since, or started again with other
     settings. None when the pair stage is not finished (its reader says so)."""
-    from pipeline.orchestrate import content_id
-
     pairs = rd.stage("pairs")
     marker = pairs.marker() if pairs.done else None
     if marker is None:
@@ -172,7 +167,7 @@ def _moved_on(rd: RunDir) -> tuple[StageDir, str] | None:
             continue
         if not sd.done:
             return sd, f"stage '{sd.name}' is being re-done (it {_state(sd)})"
-        if sd.name in inputs and inputs[sd.name] != content_id(sd):
+        if sd.name in inputs and inputs[sd.name] != sd.content_id():
             return sd, f"stage '{sd.name}' was re-done after the pair stage finished"
     for sd in stages:  # each stage's record of the fingerprints it was built on
         meta = sd.meta

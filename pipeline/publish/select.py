@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.annotate.rounds import REFUTED, UNRESOLVED, VERIFIED
+from pipeline.core.errors import PipelineError
 
 POLICIES = ("verified", "filtered")
 
@@ -29,10 +30,10 @@ def select_pairs(
     excluded: Counter[str] = Counter()
     for p in pairs:
         status = (verdicts.get(p["pair_id"]) or {}).get("status")
-        if status == "refuted":  # never published, under any policy
-            excluded["refuted"] += 1
-        elif policy == "verified" and status != "verified":
-            excluded["unresolved" if status == "unresolved" else "not_annotated"] += 1
+        if status == REFUTED:  # never published, under any policy
+            excluded[REFUTED] += 1
+        elif policy == "verified" and status != VERIFIED:
+            excluded[UNRESOLVED if status == UNRESOLVED else "not_annotated"] += 1
         else:
             kept.append(p)
     return kept, excluded

@@ -8,11 +8,12 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.annotate.rounds import UNRESOLVED, VERIFIED
 from pipeline.backends.identity import describe
-from pipeline.promptfiles import FILE_VERSION
 from pipeline.publish.recorded import built_from
 from pipeline.release.columns import json_text, sampling_of, templates_of
 from pipeline.run import RunDir
+from pipeline.types.promptfiles import FILE_VERSION
 
 if TYPE_CHECKING:
     from pipeline.config import Config
@@ -33,9 +34,9 @@ class Tally:
 
     def add(self, record: dict[str, Any], row: dict[str, Any]) -> None:
         self.rows += 1
-        c = self.per_cat.setdefault(str(row["category"]), {"pairs": 0, "verified": 0})
+        c = self.per_cat.setdefault(str(row["category"]), {"pairs": 0, VERIFIED: 0})
         c["pairs"] += 1
-        c["verified"] += row["human_verdict"] == "verified"
+        c[VERIFIED] += row["human_verdict"] == VERIFIED
         self.status[row["human_verdict"]] += 1
         for col, seen in self.models.items():
             if row[col] is not None:
@@ -94,8 +95,8 @@ def release_summary(
         "per_category": tally.per_cat,
         "human": {
             "annotated": sum(n for s, n in status.items() if s is not None),
-            "verified": status.get("verified", 0),
-            "unresolved": status.get("unresolved", 0),
+            VERIFIED: status.get(VERIFIED, 0),
+            UNRESOLVED: status.get(UNRESOLVED, 0),
         },
         "agreement": agreement,
         "ledger": card_ledger(rd, config),
@@ -128,9 +129,9 @@ def _in_order(seen: dict[str, Any]) -> list[Any]:
 
 def card_ledger(rd: RunDir, config: Config | None) -> dict[str, Any]:
     """What building the run took, for the card's ledger section: per LLM stage, what its
-    backend answered over the run's life (pipeline/budget.py), with the cost at the run's
+    backend answered over the run's life (pipeline/engine/budget.py), with the cost at the run's
     prices when they are set."""
-    from pipeline.budget import run_ledger
+    from pipeline.engine.budget import run_ledger
 
     return run_ledger(rd, config.run.prices if config is not None else None)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.redact import redact
 
 
 def hub_token() -> str:
@@ -27,8 +28,6 @@ def push_to_hub(out: Path, repo: str, token: str) -> str:
         from huggingface_hub import HfApi
     except ImportError as exc:  # pragma: no cover - a dependency of datasets
         raise PipelineError("--push-to-hub needs huggingface_hub (pip install datasets)") from exc
-    from pipeline.redact import redact
-
     api = HfApi(token=token)
     try:
         # a new repository starts private: a release goes public by a deliberate step

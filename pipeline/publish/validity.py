@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pipeline.io import file_digest
+from pipeline.core.io import file_digest
 from pipeline.run.layout import RELEASE_ALL
 
 DATA_FILE = "test-00000-of-00001.parquet"  # as pipeline.publish.card names it

@@ -1,14 +1,14 @@
 """The release row, defined once: every column with its type, its group and its check.
 
 A release (``prb publish``) is one parquet file per config whose rows are built from the
-pair records (:mod:`pipeline.records`). Everything that knows a release column reads it
+pair records (:mod:`pipeline.types.records`). Everything that knows a release column reads it
 from :data:`COLUMNS`:
 
 - :func:`features`: the ``datasets`` Features (and so the Arrow schema) of the files;
 - :func:`build_row`: the row of one pair record and its human verdict;
 - :func:`check_row`: whether a row read back (a release, or any pairs file in the
   reference schema) has each checked column of the type the table gives it; the first
-  that has not is a :class:`~pipeline.records.RecordProblem` naming the field.
+  that has not is a :class:`~pipeline.types.records.RecordProblem` naming the field.
 
 Groups: ``reference`` (the reference release's eight columns, in its names, types and
 order, so its evaluation code loads ours unchanged), ``provenance`` (what built the pair),
@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.fields import (
+from pipeline.core.fields import (
     COVERAGE_MAX,
     COVERAGE_MIN,
     DIMENSIONS,
@@ -37,8 +37,8 @@ from pipeline.fields import (
     is_number,
     quality_scores,
 )
-from pipeline.records import RecordProblem
 from pipeline.rules.verdicts import prefers
+from pipeline.types.records import RecordProblem
 
 if TYPE_CHECKING:
     from datasets import Features
@@ -487,7 +487,7 @@ def features(group: str | None = None) -> Features:
 
 
 def build_row(record: Mapping[str, Any], verdict: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The release row of one pair record (:mod:`pipeline.records`) and its latest human
+    """The release row of one pair record (:mod:`pipeline.types.records`) and its latest human
     verdict (None: not annotated)."""
     v = verdict or {}
     return {c.name: c.build(record, v) for c in COLUMNS}

@@ -20,8 +20,8 @@ from typing import Annotated, Any, ClassVar, NamedTuple, TypeVar
 
 from pydantic import AfterValidator, Field
 
-from pipeline.fields import SIDES, count_words, words
-from pipeline.registry import Registry
+from pipeline.core.fields import SIDES, count_words, words
+from pipeline.core.registry import Registry
 from pipeline.rules.text import Hit
 from pipeline.rules.verdicts import margin, prefers
 

@@ -11,8 +11,7 @@ from typing import Any
 
 from rapidfuzz import fuzz
 
-from pipeline.dedup import personal_duplicates, profile_text
-from pipeline.fields import (
+from pipeline.core.fields import (
     DIMENSIONS,
     ORDERS,
     is_number,
@@ -35,6 +34,7 @@ from pipeline.rules.base import (
     audit,
     threshold,
 )
+from pipeline.rules.dedup import personal_duplicates, profile_text
 from pipeline.rules.patterns import DEFAULT_META_PATTERNS, DEFAULT_REFUSAL_PATTERNS
 from pipeline.rules.regexgate import PatternSet
 from pipeline.rules.text import Hit, ends_mid_sentence, normalise, quote, tail, word_similarity
@@ -60,7 +60,7 @@ def valid_patterns(v: list[str]) -> list[str]:
 
 
 def _no_text(text: str) -> Hit | None:
-    """No visible text (``pipeline.fields.visible_text``, the test ingest applies)."""
+    """No visible text (``pipeline.core.fields.visible_text``, the test ingest applies)."""
     if visible_text(text):
         return None
     if not text.strip():
@@ -426,7 +426,7 @@ class NearDuplicate(PairRule):
     both answers repeat another example's chosen and rejected
 
     rapidfuzz `token_set_ratio` for questions and answers, `token_sort_ratio` of profiles
-    (above it two user ids are one person); candidates from MinHash LSH (`pipeline/dedup.py`),
+    (above it two user ids are one person); candidates from MinHash LSH (`pipeline/rules/dedup.py`),
     so the pass stays sub-quadratic. The same question from different users is the point of a
     personalized benchmark and never a duplicate"""
 

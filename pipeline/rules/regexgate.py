@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from pipeline.fields import WORD_RE
+from pipeline.core.fields import WORD_RE
 
 # The regex parser moved in Python 3.11 (re._parser); the old names warn when imported.
 try:
@@ -166,7 +166,7 @@ class PatternSet:
         self, text: str, tokens: AbstractSet[str] | None = None
     ) -> tuple[re.Pattern[str], re.Match[str]] | None:
         """The first pattern (in order) that matches, and its match. ``tokens``: the text's
-        lower-cased words (``pipeline.fields.words``), if the caller has them already."""
+        lower-cased words (``pipeline.core.fields.words``), if the caller has them already."""
         if not self.patterns:
             return None
         if tokens is None:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from rapidfuzz import fuzz
 from rapidfuzz.utils import default_process
 
-from pipeline.fields import visible_text, words
+from pipeline.core.fields import visible_text, words
 
 
 class Hit(NamedTuple):
@@ -100,5 +100,5 @@ def word_similarity(a: str, b: str) -> float:
 
 
 def token_similarity(a: Sequence[str], b: Sequence[str]) -> float:
-    """:func:`word_similarity` of two texts already split by ``pipeline.fields.words``."""
+    """:func:`word_similarity` of two texts already split by ``pipeline.core.fields.words``."""
     return float(fuzz.ratio(a, b))

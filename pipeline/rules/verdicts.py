@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.fields import ORDERS, largest_quality_gap
+from pipeline.core.fields import ORDERS, largest_quality_gap
 
 # Margin = chosen's mean coverage - rejected's mean coverage of the items it targets
 #          + BLIND_WEIGHT per A/B order whose rubric-blind verdict does not prefer the chosen

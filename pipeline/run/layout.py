@@ -5,7 +5,7 @@
     <run>/
       run.yaml             the resolved config of the latest `prb run` (secrets never written)
       environment.json     machine and library versions of the latest `prb run`
-      cache.sqlite         every LLM request and answer (pipeline/cache.py)
+      cache.sqlite         every LLM request and answer (pipeline/run/cache.py)
       openai-batches/      the Batch API's batches this run submitted (backend.openai.batch)
       .lock                held by the one process that writes the run (flock)
       .prb-run             the marker: `prb run` made (or adopted, when it was empty) this folder
@@ -52,7 +52,7 @@ STAGE_FILES = (STAGE_META, STAGE_STATS, STAGE_MARKER)
 # The fingerprint stage.json holds while the stage is being cleared: it matches no real
 # fingerprint, so a kill in the middle of a clear makes the next run clear it again.
 CLEARING = "(being cleared)"
-# What a killed process leaves behind: temporary files (pipeline/io.py) and the trash of
+# What a killed process leaves behind: temporary files (pipeline/core/io.py) and the trash of
 # a stage folder being cleared.
 TRASH_PREFIX = ".trash-"
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.errors import LockError
+from pipeline.core.errors import LockError
 from pipeline.run import layout
 
 

@@ -3,7 +3,7 @@
 ``stage.json``, ``_DONE.json`` and ``stats.json`` are written by the pipeline, but a disk,
 an editor or an older version can leave them of another shape. Each is read through
 :func:`read_meta`: valid JSON of the wrong shape (``[]``, a string, a ``files`` entry that
-is a string) is one :class:`~pipeline.errors.RunDirError` naming the file, the field and
+is a string) is one :class:`~pipeline.core.errors.RunDirError` naming the file, the field and
 the command that rewrites it, never an AttributeError three calls later.
 """
 
@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import RunDirError
-from pipeline.io import read_json
+from pipeline.core.errors import RunDirError
+from pipeline.core.io import read_json
 
 M = TypeVar("M", bound=BaseModel)
 

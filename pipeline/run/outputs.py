@@ -32,8 +32,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipeline.errors import InputError
-from pipeline.io import path_kind
+from pipeline.core.errors import InputError
+from pipeline.core.io import path_kind
 from pipeline.kinds.stages import ORDER
 from pipeline.run import layout
 from pipeline.run.rundir import RunDir
@@ -139,7 +139,7 @@ def check_output(
     replaced); None: an existing file is always refused unless empty.
     ``release_ok``: the run's ``publish/`` folder is the caller's (``prb publish``).
 
-    Raises :class:`~pipeline.errors.InputError` with ``path`` and ``field=flag``; its
+    Raises :class:`~pipeline.core.errors.InputError` with ``path`` and ``field=flag``; its
     message is ``is WHAT; nothing was written and it is left as it is: give ...``.
     """
     path = Path(path)

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import InputError, PipelineError, RunDirError
-from pipeline.io import path_kind, read_json, write_json_atomic, write_text_atomic
+from pipeline.core.cliargs import command_line
+from pipeline.core.errors import InputError, PipelineError, RunDirError
+from pipeline.core.io import path_kind, read_json, write_json_atomic, write_text_atomic
 from pipeline.kinds.stages import ORDER
-from pipeline.records import PAIR_RECORD_FIELDS, RecordProblem, check_pair_record
 from pipeline.run import layout
+from pipeline.run.cache import SQLITE_TABLES, TABLES
 from pipeline.run.lock import RunLock
 from pipeline.run.stage import StageDir, redo_hint
+from pipeline.types.records import PAIR_RECORD_FIELDS, RecordProblem, check_pair_record
 
 if TYPE_CHECKING:
     from pipeline.config import Config
@@ -180,7 +182,7 @@ class RunDir:
 
     def pair_records(self) -> Iterator[dict[str, Any]]:
         """The kept pairs of the finished, verified pair stage, each a full pair record
-        (:mod:`pipeline.records`). A record of the wrong shape is one error naming the
+        (:mod:`pipeline.types.records`). A record of the wrong shape is one error naming the
         shard, the line and the field."""
         for _, _, rec in self.numbered_pair_records():
             yield rec
@@ -383,8 +385,6 @@ def _not_prb_cache(path: Path) -> str | None:
     a user's database is never changed by looking."""
     import sqlite3
 
-    from pipeline.cache import SQLITE_TABLES, TABLES
-
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
@@ -467,8 +467,6 @@ def open_run(target: str | Path, overrides: Sequence[str] = ()) -> tuple[RunDir,
         cfg = load_config(target, list(overrides))
         rd = RunDir(cfg.run_dir)
         if not rd.path.is_dir():
-            from pipeline.cliargs import command_line
-
             raise InputError(
                 f"this config's run directory {rd.shown} does not exist yet; run "
                 f"`{command_line(['prb', 'run', target], overrides)}` first",

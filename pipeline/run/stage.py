@@ -21,8 +21,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import RunDirError, StageError
-from pipeline.io import (
+from pipeline.core.errors import RunDirError, StageError
+from pipeline.core.ids import content_hash
+from pipeline.core.io import (
     crash_point,
     file_digest,
     loads,
@@ -71,6 +72,14 @@ class StageDir:
     def marker(self) -> Marker | None:
         """``_DONE.json``; None while the stage has not finished."""
         return read_meta(self.path / layout.STAGE_MARKER, Marker, redo_hint(self.name))
+
+    def content_id(self) -> str | None:
+        """Identity of the finished stage's data: the hash of its manifest (None while it
+        has not finished)."""
+        marker = self.marker()
+        if marker is None or marker.files is None:
+            return None
+        return content_hash({k: v.model_dump() for k, v in marker.files.items()}, length=16)
 
     def stats(self) -> dict[str, Any]:
         """``stats.json`` as a dict (empty when there is none yet)."""
@@ -197,7 +206,7 @@ class StageDir:
     @staticmethod
     def wrote(name: str) -> bool:
         """Whether a file of this name in a stage folder is one a stage writes: its fixed
-        files, its shards, and the temporary files of either (pipeline/io.py)."""
+        files, its shards, and the temporary files of either (pipeline/core/io.py)."""
         if name.startswith(".") and name.endswith(".tmp"):
             name = name[1:].rsplit(".", 2)[0]  # ".data-00001.jsonl.k3j9x.tmp"
         return name in layout.STAGE_FILES or bool(layout.SHARD_RE.match(name))

@@ -10,15 +10,19 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from pipeline.cache import RequestCache
-from pipeline.chat import ChatRequest
+from pipeline.backends.factory import make_backend
+from pipeline.backends.identity import NOT_KEYED, identity_id
 from pipeline.config import Config
-from pipeline.errors import StageError
-from pipeline.kinds.backend import Backend
+from pipeline.core.errors import BackendError, PipelineError, StageError
+from pipeline.core.sourcehash import code_closure, source_hashes
+from pipeline.engine.budget import make_budget
+from pipeline.engine.llm import LLMRunner
+from pipeline.kinds.backend import BACKENDS, Backend
 from pipeline.kinds.stages import ORDER
-from pipeline.llm import LLMRunner
 from pipeline.run import RunDir, ShardIndex, StageDir
-from pipeline.sourcehash import code_closure, source_hashes
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest
+from pipeline.types.schemas import for_engine
 
 
 class UndeclaredRead(StageError, KeyError):
@@ -151,8 +155,6 @@ class Context:
     def served_by_id(self) -> str:
         """The id every request of this run carries (``ChatRequest.served_by``); hashed
         once per identity, not once per request."""
-        from pipeline.backends.identity import identity_id
-
         ident = self.served_by
         if self._served_by_id is None or self._served_by_id[0] is not ident:
             self._served_by_id = (ident, identity_id(ident))
@@ -161,16 +163,12 @@ class Context:
     def sent_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
         """What a request carries of ``schema`` for the backend that answers: the full
         schema where its grammar engine enforces string bounds cheaply, else the form
-        without them (pipeline/schemas.py: for_engine)."""
-        from pipeline.schemas import for_engine
-
+        without them (pipeline/types/schemas.py: for_engine)."""
         return for_engine(schema, self.served_by)
 
     def served_by_setting(self) -> dict[str, Any]:
         """The identity as a stage's settings hold it: only what is keyed, so a note on
         how it was found never changes a fingerprint."""
-        from pipeline.backends.identity import NOT_KEYED
-
         return {k: v for k, v in self.served_by.items() if k not in NOT_KEYED}
 
     def assume_served_by(self, identity: dict[str, Any]) -> None:
@@ -193,9 +191,6 @@ class Context:
     @contextlib.asynccontextmanager
     async def llm(self, stage: str) -> AsyncIterator[LLMRunner]:
         """A request runner for one stage, its backend opened inside the running loop."""
-        from pipeline.backends.factory import make_backend
-        from pipeline.budget import make_budget
-
         b = self.config.backend
         backend: Backend = make_backend(b, self.run_dir.cache_path, self.config.resolve_input)
         self.cache.put_backend(self.served_by_id, self.served_by)
@@ -256,9 +251,9 @@ class Placeholders(Protocol):
 # Where the code that decides rows lives, below the stages: the rules, the record layout,
 # schemas and prompt rendering, profile ranking, the input readers.
 ROW_CODE: tuple[str, ...] = (
-    "pipeline.rules", "pipeline.records", "pipeline.schemas", "pipeline.prompts",
-    "pipeline.promptfiles", "pipeline.profile", "pipeline.dedup",
-    "pipeline.fields", "pipeline.ids", "pipeline.ingest", "pipeline.inputs",
+    "pipeline.rules", "pipeline.types.records", "pipeline.types.schemas",
+    "pipeline.types.prompts", "pipeline.types.promptfiles", "pipeline.types.profile",
+    "pipeline.core.fields", "pipeline.core.ids", "pipeline.inputs",
 )  # fmt: skip
 
 
@@ -279,7 +274,8 @@ class Stage(abc.ABC):
     # Column contract: the fields this stage reads from each upstream stage, declared here
     # by the reader (never imported from the producer), and the fields it writes itself.
     # `prb run` checks every read against the producer's writes before any work starts
-    # (pipeline.orchestrate.check_contracts), and a stage's first shard against its writes.
+    # (pipeline.orchestration.orchestrate.check_contracts), and a stage's first shard
+    # against its writes.
     # The stage sees upstream rows only through these declarations (:class:`UpstreamRow`):
     # a read its code makes and its declaration lacks fails at once.
     reads: ClassVar[Mapping[str, AbstractSet[str]]] = {}
@@ -294,7 +290,7 @@ class Stage(abc.ABC):
         of :data:`ROW_CODE` it imports (lazily too, and the input formats a registry names),
         followed through their imports; derived, never listed by hand. Their source,
         normalised so that comments, docstrings and formatting do not count
-        (pipeline/sourcehash.py), joins the stage's fingerprint: editing one re-does the
+        (pipeline/core/sourcehash.py), joins the stage's fingerprint: editing one re-does the
         stage, and the re-do message names the module."""
         return stage_code(type(self).__module__)
 
@@ -399,9 +395,6 @@ def resolve_identity(ctx: Context) -> dict[str, Any]:
     reached, the identity this run recorded for the same backend settings is assumed, with
     a warning: the answers the cache holds for it are served, and the first request it does
     not hold fails at the server."""
-    from pipeline.errors import BackendError, PipelineError
-    from pipeline.kinds.backend import BACKENDS
-
     cfg = ctx.config
     b = cfg.backend
     kind = BACKENDS.get(b.name)

@@ -12,9 +12,11 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
+from pipeline.inputs.ingest import expected_examples, iter_examples, reader
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
+from pipeline.types.profile import rank_profile
 
 EXAMPLE_FIELDS = frozenset(
     {
@@ -50,8 +52,6 @@ class IngestStage(Stage):
     def _inputs(self, ctx: Context) -> list[Path]:
         """The files or folders the configured format reads (none for a Hub dataset: its
         name, configs, split and revision are in the settings)."""
-        from pipeline.ingest import reader
-
         return reader(ctx.config.input, ctx.config.resolve_input).sources()
 
     def shard_size(self, ctx: Context) -> int:
@@ -74,8 +74,6 @@ class IngestStage(Stage):
     @staticmethod
     def profile_view(ctx: Context, example: dict[str, Any]) -> dict[str, Any]:
         """The configured ranker's top posts of one example (indices into its profile)."""
-        from pipeline.profile import rank_profile
-
         p = ctx.config.profile
         order = rank_profile(
             example["question"], example["profile"], p.top_k, p.ranker, p.model, p.batch_size
@@ -86,13 +84,9 @@ class IngestStage(Stage):
         """The examples the input holds as its format counts them (a JSONL file's non-blank
         lines, a dataset's rows: cheap, nothing is validated; the run validates), capped at
         input.limit."""
-        from pipeline.ingest import expected_examples
-
         return expected_examples(ctx.config.input, ctx.config.resolve_input)
 
     def run(self, ctx: Context, out: StageDir) -> dict[str, Any]:
-        from pipeline.ingest import iter_examples
-
         # resumable like every stage: examples already in a shard are not written again
         done = out.done_examples()
         chunk = self.shard_size(ctx)

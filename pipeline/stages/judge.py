@@ -33,7 +33,7 @@ and candidate rows): a re-run over the same inputs, whose answers are all cached
 row from there instead of rebuilding, looking up and re-validating each of its requests.
 Only rows whose every verdict parsed are kept there, so a failure is always asked again.
 
-Every verdict answers a closed JSON schema (pipeline/schemas.py): scores and winners first
+Every verdict answers a closed JSON schema (pipeline/types/schemas.py): scores and winners first
 as enums, coverage keyed by the rubric points' positions in the prompt (one schema per
 rubric size), rationales last. The engine is sent the schema without the rationales'
 ``maxLength`` (``schemas.wire``: a string bound costs grammar engines milliseconds a token);
@@ -53,21 +53,21 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline import schemas
-from pipeline.chat import ChatRequest
-from pipeline.errors import PipelineError
-from pipeline.fields import DIMENSIONS, ORDERS
-from pipeline.ids import content_hash, pair_id
-from pipeline.io import dumps_sorted
+from pipeline.core.errors import PipelineError
+from pipeline.core.fields import DIMENSIONS, ORDERS
+from pipeline.core.ids import content_hash, pair_id
+from pipeline.core.io import dumps_sorted
+from pipeline.engine.llm import Answer, Failure, Job, LLMRunner
 from pipeline.kinds.backend import BACKENDS
-from pipeline.llm import Answer, Failure, Job, LLMRunner
-from pipeline.prompts import load_template
 from pipeline.rules import Hit, PairRule, PairView, RuleSet, run_filters
 from pipeline.rules.base import Answer as Text
 from pipeline.rules.verdicts import a_side, margin, margin_bound, shown_side
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest
+from pipeline.types.prompts import load_template
 
 TEMPLATES = {
     "quality": "judge_quality",
@@ -271,7 +271,7 @@ class JudgeStage(Stage):
     @staticmethod
     def _job(req: ChatRequest, tag: Any, schema: dict[str, Any]) -> Job:
         """A verdict's job: checked against the full schema, rationales shortened to their
-        bound; an answer cut at max_tokens is read up to the cut (pipeline/schemas.py)."""
+        bound; an answer cut at max_tokens is read up to the cut (pipeline/types/schemas.py)."""
 
         def validate(req: ChatRequest, text: str) -> schemas.Reading:
             return schemas.read(schema, text, clip=True)

@@ -12,7 +12,7 @@ combination it stopped asking about because one it judged already outranks it is
 over here (``pairs_outranked``); one whose verdicts it did not ask because an earlier
 filter drops it is dropped here by that filter, with the same reason.
 
-A kept pair is written as a full pair record (``pipeline/records.py``): the example, its
+A kept pair is written as a full pair record (``pipeline/types/records.py``): the example, its
 profile and the run's ranking of it, the rubric, both answers, the judge's verdicts and the
 provenance, so every command after this stage reads one record and joins nothing.
 """
@@ -26,13 +26,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.dedup import profile_text
-from pipeline.ids import pair_id
-from pipeline.io import dumps, loads
-from pipeline.records import PAIR_RECORD_FIELDS
+from pipeline.core.ids import pair_id
+from pipeline.core.io import dumps, loads
 from pipeline.rules import PairRule, PairView, RuleSet, run_filters, word_similarity
+from pipeline.rules.dedup import profile_text
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Stage
+from pipeline.types.records import PAIR_RECORD_FIELDS
 
 PAIRWISE = ("pairwise_aware", "pairwise_blind")
 # a combination the judge did not ask about: one it judged passes with a margin this one
@@ -243,7 +243,7 @@ class PairStage(Stage):
 
     @staticmethod
     def record(ex: dict, rub: dict, view: PairView, m: float, judged: dict) -> dict:
-        """The pair record of a kept pair (pipeline/records.py)."""
+        """The pair record of a kept pair (pipeline/types/records.py)."""
         ch, rj = view.chosen, view.rejected
         return {
             "pair_id": pair_id(ex["example_id"], ch["candidate_id"], rj["candidate_id"]),

@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Any
 from rapidfuzz import fuzz, process
 from rapidfuzz.utils import default_process
 
-from pipeline.chat import ChatRequest, ChatResult, Choice
 from pipeline.config.sections import PROMPT_FILE_OPTIONAL, PROMPT_FILE_USES
-from pipeline.fields import count_words
-from pipeline.ids import content_hash, stable_id
-from pipeline.llm import Answer, Failure, Job, text_retry
-from pipeline.promptfiles import PromptFile, read_prompt_files
-from pipeline.prompts import PromptTemplate, load_template
-from pipeline.records import ranked_posts
+from pipeline.core.fields import count_words
+from pipeline.core.ids import content_hash, stable_id
+from pipeline.engine.llm import Answer, Failure, Job, text_retry
 from pipeline.rules.text import unfinished
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
+from pipeline.types.chat import ChatRequest, ChatResult, Choice
+from pipeline.types.promptfiles import PromptFile, read_prompt_files
+from pipeline.types.prompts import PromptTemplate, load_template
+from pipeline.types.records import ranked_posts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -470,7 +470,7 @@ class ResponseStage(Stage):
                         "seed": req.seed,
                         "n": req.n,
                         # the request finally answered: a cut-off answer's retry has more
-                        # max_tokens (pipeline/llm.py TEXT_REASKS)
+                        # max_tokens (pipeline/engine/llm.py TEXT_REASKS)
                         "request_key": ans.request.key,
                         "max_tokens": ans.request.max_tokens,
                         "reasks": ans.reasks,

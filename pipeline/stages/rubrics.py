@@ -11,15 +11,15 @@ from typing import Any
 
 from rapidfuzz import fuzz
 
-from pipeline import schemas
-from pipeline.chat import ChatRequest
-from pipeline.ids import content_hash, stable_id
-from pipeline.llm import Answer, Failure, Job
-from pipeline.prompts import load_template
-from pipeline.records import ranked_posts
+from pipeline.core.ids import content_hash, stable_id
+from pipeline.engine.llm import Answer, Failure, Job
 from pipeline.run import StageDir
 from pipeline.stages.base import Context, Placeholders, PlannedExample, Stage
 from pipeline.stages.scaffold import ExampleLoop, OpenExample
+from pipeline.types import schemas
+from pipeline.types.chat import ChatRequest
+from pipeline.types.prompts import load_template
+from pipeline.types.records import ranked_posts
 
 TEMPLATE = "rubric_generate"
 RUBRIC_FIELDS = frozenset({"example_id", "user_id", "rubric_version", "source", "items"})
@@ -35,7 +35,7 @@ TOO_FEW_TEMPLATE = (
 
 
 def rubric_schema(min_items: int, max_items: int, max_tokens: int | None) -> dict[str, Any]:
-    """The rubric schema sent to the model (bounded; see pipeline/schemas.py)."""
+    """The rubric schema sent to the model (bounded; see pipeline/types/schemas.py)."""
     return schemas.rubric_schema(min_items, max_items, max_tokens)
 
 
@@ -249,7 +249,7 @@ class RubricStage(Stage):
         s = c.rubrics.sampling
 
         # checked against the full schema, free text over its bound shortened to it; an
-        # answer cut at max_tokens keeps its whole items (pipeline/schemas.py: read)
+        # answer cut at max_tokens keeps its whole items (pipeline/types/schemas.py: read)
         def validate(req: ChatRequest, text: str) -> schemas.Reading:
             return schemas.read(schema, text, clip=True)
 

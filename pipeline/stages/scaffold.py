@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pipeline.llm import Answer, Failure, Job, LLMRunner
+from pipeline.engine.llm import Answer, Failure, Job, LLMRunner
 from pipeline.run import StageDir
 
 # on_outcome(example, key, outcome) -> follow-up jobs (tagged by key) for the same example

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import openai
 from tenacity import (
@@ -38,8 +39,10 @@ from tenacity import (
 )
 
 from pipeline.backends import reasoning
+from pipeline.backends.gguf import gguf_counter_notes
 from pipeline.backends.identity import STANDIN_OWNER, plain_url, standin_identity
 from pipeline.backends.openai import dialects
+from pipeline.backends.openai.batch import BatchRunner
 from pipeline.backends.openai.ratelimit import (
     RateLimiter,
     Ticket,
@@ -57,14 +60,19 @@ from pipeline.backends.openai.wire import (
     refusal_of,
     retry_after_seconds,
 )
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure, reasoning_allowance
-from pipeline.errors import BackendError
-from pipeline.kinds.backend import Backend, RequestFeed, Resolve, TokenCount
+from pipeline.core.errors import BackendError
+from pipeline.kinds.backend import (
+    AsSent,
+    Backend,
+    BackendSection,
+    RequestFeed,
+    Resolve,
+    TokenCount,
+)
 from pipeline.kinds.settings import OpenAISettings
-from pipeline.schemas import SCHEMA_BOUNDS
-
-if TYPE_CHECKING:
-    from pipeline.kinds.settings import BackendSection
+from pipeline.run import RunDir
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure, reasoning_allowance
+from pipeline.types.schemas import SCHEMA_BOUNDS
 
 # The permit of the attempt a task is sending, for the response hook that reads the
 # rate-limit headers (the hook runs in the task that sent the request).
@@ -298,16 +306,16 @@ class OpenAIBackend(Backend):
     # the run directory's folder of Batch API records (set by build from the run's cache)
     batch_folder: Path | None = None
 
-    def _batches(self) -> Any:
-        from pipeline.backends.openai.batch import BatchRunner
-
+    def _batches(self) -> BatchRunner:
         if self.batch_folder is None:
             raise BackendError(
                 "backend.openai.batch needs a run directory to record its batches in; "
                 "run it through `prb run`"
             )
         return BatchRunner(
-            self,
+            self.cfg,
+            self.client,
+            self._retrying,
             self.batch_folder,
             body=self._batch_body,
             answer=lambda req, result: self.dialect(req.model).answer(req, self._reasoned(result)),
@@ -336,8 +344,6 @@ class OpenAIBackend(Backend):
     ) -> OpenAIBackend:
         backend = cls(cfg, cache_path=cache_path)
         if cache_path is not None:  # the batches are recorded beside the run's cache
-            from pipeline.run import RunDir
-
             backend.batch_folder = RunDir(cache_path.parent).openai_batches
         return backend
 
@@ -402,14 +408,22 @@ class OpenAIBackend(Backend):
             path = Path(model).expanduser()
             path = (resolve(path) if resolve else path) or path
             if path.is_file():
-                from pipeline.backends.gguf import gguf_counter_notes
-
                 return gguf_counter_notes(path)
         return None, []
 
     @classmethod
     def asked(cls, cfg: BackendSection) -> dict[str, Any]:
         return {"backend": cls.name, "url": plain_url(cfg.openai.base_url)}
+
+    @classmethod
+    def as_sent(cls, identity: dict[str, Any]) -> tuple[AsSent, list[str]]:
+        return dialects.sending(identity)  # the server's recorded dialects
+
+    @classmethod
+    def planning(
+        cls, schemas: Callable[[], list[dict[str, Any]]]
+    ) -> AbstractContextManager[list[str]]:
+        return dialects.planning(schemas)
 
 
 def server_identity(cfg: OpenAISettings, models: Sequence[str], kind: str) -> dict[str, Any]:

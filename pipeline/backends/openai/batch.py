@@ -34,19 +34,26 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import openai
 from tenacity import AsyncRetrying
 
+from pipeline.backends.identity import plain_url
 from pipeline.backends.openai.lines import Parsed, read_results, request_line
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.errors import BackendError
-from pipeline.io import read_json, write_json_atomic
-from pipeline.kinds.backend import RequestFeed
-
-if TYPE_CHECKING:
-    from pipeline.backends.openai.backend import OpenAIBackend
+from pipeline.backends.openai.wire import (
+    UnusableReply,
+    auth_error,
+    check_reachable,
+    describe_error,
+    is_transient,
+)
+from pipeline.core.errors import BackendError
+from pipeline.core.io import atomic_open, read_json, write_json_atomic
+from pipeline.core.progress import BatchProgress
+from pipeline.core.redact import public_url
+from pipeline.kinds.backend import BackendSection, RequestFeed
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"  # = lines.CHAT_URL
 COMPLETION_WINDOW: Literal["24h"] = "24h"  # the only window the API offers
@@ -178,25 +185,28 @@ class BatchRunner:
 
     def __init__(
         self,
-        backend: OpenAIBackend,
+        cfg: BackendSection,
+        client: openai.AsyncOpenAI,
+        retrying: dict[str, Any],
         folder: Path,
         body: Callable[[ChatRequest], dict[str, Any]] | None = None,
         answer: Callable[[ChatRequest, ChatResult], ChatResult] | None = None,
     ) -> None:
-        """``body``: the chat-completions body a request is sent with (default
-        ``ChatRequest.openai_body``); ``answer``: what the backend makes of a reply before
-        the runner sees it (default: the reply as it is). The live path's own, so that a
-        server's dialect reads the same in both modes."""
-        from pipeline.backends.identity import plain_url
-
-        self.backend = backend
-        self.server = backend.server
-        self.client = backend.client
+        """The openai backend's ``cfg`` (the server is ``cfg.openai``), its ``client`` and
+        its ``retrying`` (tenacity's arguments for a transient error); ``body``: the
+        chat-completions body a request is sent with (default ``ChatRequest.openai_body``);
+        ``answer``: what the backend makes of a reply before the runner sees it (default:
+        the reply as it is). The live path's own, so that a server's dialect reads the same
+        in both modes."""
+        self.cfg = cfg
+        self.retrying = retrying
+        self.server = cfg.openai
+        self.client = client
         self.ledger = Ledger(folder)
         self.body = body or ChatRequest.openai_body
         self.answer = answer or (lambda req, result: result)
         self.url = plain_url(self.server.base_url)
-        self.max_attempts = backend.cfg.max_attempts
+        self.max_attempts = cfg.max_attempts
         self.records: list[dict[str, Any]] = []
         self._taken: list[dict[str, Any]] = []  # handed to the runner, not yet marked so
 
@@ -212,8 +222,6 @@ class BatchRunner:
     async def _rounds(
         self, feed: RequestFeed
     ) -> AsyncIterator[tuple[Any, ChatResult | RequestFailure]]:
-        from pipeline.backends.openai.wire import check_reachable
-
         retry: list[tuple[Any, ChatRequest]] = []
         attempts: dict[str, int] = {}
         started = False
@@ -327,18 +335,14 @@ class BatchRunner:
     async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """One API call with the backend's retries; refused credentials and other errors
         are one BackendError naming the call."""
-        from pipeline.backends.openai.wire import auth_error, describe_error
-
         try:
-            async for attempt in AsyncRetrying(**self.backend._retrying):
+            async for attempt in AsyncRetrying(**self.retrying):
                 with attempt:
                     return await fn(*args, **kw)
         except openai.APIStatusError as exc:
             if exc.status_code in (401, 403):
                 raise auth_error(self.server, exc.status_code, exc.message) from None
             if exc.status_code in (404, 405):
-                from pipeline.redact import public_url
-
                 raise BackendError(
                     f"the server at {public_url(self.server.base_url)} has no Batch API "
                     f"({what} got HTTP {exc.status_code}); set backend.openai.batch to false, "
@@ -352,8 +356,6 @@ class BatchRunner:
     async def _submit(self, lines: list[tuple[str, bytes]]) -> dict[str, Any]:
         """Upload one file and create its batch; the record is written before each step,
         so a kill at any point leaves a record that says how far it got."""
-        from pipeline.backends.openai.wire import describe_error, is_transient
-
         local = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         data = b"".join(d for _, d in lines)
         rec: dict[str, Any] = {
@@ -394,8 +396,6 @@ class BatchRunner:
                 break
             except Exception as exc:
                 if isinstance(exc, openai.APIStatusError) and exc.status_code in (401, 403):
-                    from pipeline.backends.openai.wire import auth_error
-
                     raise auth_error(self.server, exc.status_code, exc.message) from None
                 if not is_transient(exc) or attempt == self.max_attempts:
                     raise BackendError(
@@ -405,8 +405,8 @@ class BatchRunner:
                 batch = await self._find(rec)
                 if batch is not None:
                     break
-                await asyncio.sleep(min(self.backend.cfg.backoff_initial_s * 2**attempt,
-                                        self.backend.cfg.backoff_max_s))  # fmt: skip
+                await asyncio.sleep(min(self.cfg.backoff_initial_s * 2**attempt,
+                                        self.cfg.backoff_max_s))  # fmt: skip
         assert batch is not None
         self._update(rec, batch, state=SUBMITTED)  # before the first poll
         print(
@@ -482,8 +482,6 @@ class BatchRunner:
     ) -> AsyncIterator[tuple[Any, ChatResult | RequestFailure]]:
         """Poll the claimed batches until each is final; hand over each one's outcomes as
         it ends, and put what should be sent again into ``retry``."""
-        from pipeline.progress import BatchProgress
-
         by_local = {r["local"]: r for r in self.records}
         active = [by_local[local] for local in claims]
         bars: dict[str, BatchProgress] = {}
@@ -545,8 +543,6 @@ class BatchRunner:
             content = await self._call(
                 f"the download of {file_id}", self.client.files.content, file_id
             )
-            from pipeline.io import atomic_open
-
             with atomic_open(self.ledger.results(rec, kind), "wb") as fh:
                 fh.write(content.content)
         rec["state"] = FINISHED
@@ -562,8 +558,6 @@ class BatchRunner:
     ) -> list[tuple[Any, ChatResult | RequestFailure]]:
         """Every claimed request's outcome from a finished batch's stored files; lines to
         send again go to ``retry``."""
-        from pipeline.backends.openai.wire import UnusableReply
-
         expected = {k: waiters[k][0][1] for k in keys}
         got: dict[str, ChatResult | LineError] = {}
         for kind in ("output", "errors"):

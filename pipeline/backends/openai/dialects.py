@@ -11,7 +11,7 @@ ignore ``response_format``. Newer OpenAI models refuse ``max_tokens`` (they want
 A :class:`Dialect` turns a request into the body (or, where ``n`` > 1 is not served, the
 bodies) such a server takes, and its answers back into what the runner validates. The
 request itself, its cache key and its full schema never change: every answer is checked
-against the full schema on our side (pipeline/schemas.py) and re-asked as always. What a
+against the full schema on our side (pipeline/types/schemas.py) and re-asked as always. What a
 dialect leaves out of ``response_format`` is stated in the prompt instead.
 
 ``auto`` asks the server once per run, with a small request shaped like the run's own
@@ -31,14 +31,22 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends.openai.wire import error_text, refused_feature, short_message
-from pipeline.chat import ChatRequest, ChatResult
-from pipeline.errors import BackendError, ConfigError
+from pipeline.backends.identity import plain_url
+from pipeline.backends.openai.wire import (
+    auth_error,
+    endpoint,
+    error_text,
+    refused_feature,
+    short_message,
+)
+from pipeline.core.errors import BackendError, CacheError, ConfigError
+from pipeline.core.ids import content_hash
+from pipeline.core.redact import redact
 from pipeline.kinds.dialect import (
     DIALECTS,
     SETTING,
@@ -47,6 +55,7 @@ from pipeline.kinds.dialect import (
     probe_order,
     prompt_only,
 )
+from pipeline.types.chat import ChatRequest, ChatResult
 
 if TYPE_CHECKING:
     from pipeline.kinds.settings import OpenAISettings
@@ -279,6 +288,14 @@ class Dialect:
 _DEFAULT = Dialect()
 
 
+def only_todays_body(cfg: OpenAISettings) -> str | None:
+    """For an engine that sends each request's own body and no other (the ray backend's
+    http engine): the dialect it sends, when ``cfg`` asks for another one (``auto`` is
+    left to find that one), else None."""
+    s = cfg.structured_output
+    return None if s in ("auto", _DEFAULT.structured_output) else _DEFAULT.structured_output
+
+
 def split_seed(req: ChatRequest, i: int) -> int:
     """The seed of choice ``i`` of a request split into single ones: derived from the
     request's seed (or, without one, its key), distinct per choice, the same on every run."""
@@ -428,9 +445,6 @@ def refusal_error(cfg: OpenAISettings, model: str, dialect: Dialect, exc: BaseEx
     """The line a stage stops with when the server refuses our body mid-run (every other
     request would be refused the same way): what it refused, and what to do. Under auto the
     run's record of what the server takes is dropped, so the next run asks it again."""
-    from pipeline.backends.identity import plain_url
-    from pipeline.redact import redact
-
     status = getattr(exc, "status_code", "?")
     said = redact(short_message(error_text(exc)))[:200]
     what = {
@@ -457,7 +471,7 @@ def refusal_error(cfg: OpenAISettings, model: str, dialect: Dialect, exc: BaseEx
 # ---- the probe -----------------------------------------------------------------------------
 
 # A small request shaped like the run's: a closed schema with the keywords the stages'
-# schemas use (pipeline/schemas.py, rubrics/rubric.schema.json), n = 2 and a seed. The
+# schemas use (pipeline/types/schemas.py, rubrics/rubric.schema.json), n = 2 and a seed. The
 # prompt does not ask for JSON, so a server that ignores response_format shows it.
 PROBE_SCHEMA: dict[str, Any] = {
     "title": "Probe",
@@ -504,8 +518,6 @@ def _post(cfg: OpenAISettings, body: dict[str, Any]) -> tuple[int, dict[str, Any
     import urllib.error
     import urllib.request
 
-    from pipeline.backends.openai.wire import endpoint
-
     ep = endpoint(cfg)
     data = json.dumps(body).encode("utf-8")
     headers = {**ep.headers, "Content-Type": "application/json"}
@@ -547,8 +559,6 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
     or ignored ``n`` > 1, no seed for a refused one. An explicit structured output the
     server refuses is a ConfigError; a server that cannot say (down, another error) leaves
     ``first`` as it is."""
-    from pipeline.redact import redact
-
     auto = cfg.structured_output == "auto"
     d, notes, transient = first, [], 0
     for _ in range(PROBE_STEPS + 3):
@@ -576,8 +586,6 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
                 continue
             break
         if status == 401 or status == 403:
-            from pipeline.backends.openai.wire import auth_error
-
             raise auth_error(cfg, status, str(reply.get("message") or ""))
         message = str(reply.get("message") or "")
         feature = refused_feature(status, message, reply.get("param"))
@@ -620,8 +628,6 @@ def probe(cfg: OpenAISettings, model: str, first: Dialect) -> Probed:
 
 
 def _url(cfg: OpenAISettings) -> str:
-    from pipeline.backends.identity import plain_url
-
     return plain_url(cfg.base_url)
 
 
@@ -634,27 +640,35 @@ _FOUND: dict[tuple[str, str, str, str], Probed] = {}
 _NOT_KNOWN: dict[tuple[str, str], None] = {}
 
 
-def not_known_yet() -> list[tuple[str, str]]:
-    """(server URL, model) pairs a plan counted with today's body because what the server
-    takes is not known yet (``structured_output: auto``, no run has asked it)."""
-    return list(_NOT_KNOWN)
-
-
 @contextlib.contextmanager
-def without_probing() -> Iterator[None]:
+def planning(schemas: Callable[[], list[dict[str, Any]]]) -> Iterator[list[str]]:
     """Inside: what a server takes is read from a run's record only, never asked (``prb
-    plan`` sends nothing). What it could not know is listed by :func:`not_known_yet`."""
+    plan`` sends nothing: ``Backend.planning``). The list it yields gets, on leaving, a
+    note for the servers whose dialect it could not know (auto, never asked, no record),
+    counted with today's body: their prompts may hold each of ``schemas`` too."""
     _NOT_KNOWN.clear()
+    notes: list[str] = []
     token = _SENDING.set(False)
     try:
-        yield
+        yield notes
     finally:
         _SENDING.reset(token)
+    if _NOT_KNOWN:
+        url, _ = next(iter(_NOT_KNOWN))
+        models = ", ".join(repr(m) for _, m in _NOT_KNOWN)
+        extra = max((len(schema_statement(s)) for s in schemas()), default=0) // 4
+        notes.append(
+            f"what the server at {url} takes for JSON requests with {models} is not known "
+            "yet (backend.openai.structured_output: auto asks it at the first run's first "
+            "request): counted as today's body. A server that takes only json_object or no "
+            "response_format (llama-cpp-python's, some providers) is also sent each schema "
+            f"in the system message, up to about {extra:,} prompt tokens more a JSON request, "
+            "so a run.budget.tokens set from this plan can stop the run early; set "
+            "backend.openai.structured_output to what the server takes to count it exactly"
+        )
 
 
 def _memo_key(cfg: OpenAISettings, model: str) -> str:
-    from pipeline.ids import content_hash
-
     where = {"url": _url(cfg), "model": model, "setting": cfg.structured_output}
     return content_hash({**where, "probe": PROBE_VERSION, "kind": "dialect"})
 
@@ -662,8 +676,7 @@ def _memo_key(cfg: OpenAISettings, model: str) -> str:
 def _recorded(cache_path: Path | None, key: str) -> Dialect | None:
     if cache_path is None or not Path(cache_path).is_file():
         return None
-    from pipeline.cache import RequestCache
-    from pipeline.errors import CacheError
+    from pipeline.run.cache import RequestCache
 
     try:
         with RequestCache(cache_path, readonly=True) as cache:
@@ -684,7 +697,7 @@ def resolve(
     """What the server at ``cfg.base_url`` takes for ``model``: found once per run (this
     process's memo, then the run's cache, then :func:`probe`, which says what it found in
     one line on stderr). The project's stand-in takes every body and is never asked; a
-    plan (:func:`without_probing`) reads records only."""
+    plan (:func:`planning`) reads records only."""
     if standin:
         return _fixed(cfg)
     memo = (str(cache_path), _url(cfg), model, cfg.structured_output)
@@ -734,8 +747,7 @@ def keep(cfg: OpenAISettings, cache_path: Path | None) -> None:
     ]  # fmt: skip
     if not items:
         return
-    from pipeline.cache import RequestCache
-    from pipeline.errors import CacheError
+    from pipeline.run.cache import RequestCache
 
     try:
         with RequestCache(cache_path) as cache:
@@ -751,7 +763,7 @@ def forget(cfg: OpenAISettings, model: str, cache_path: Path | None) -> None:
     """Drop what was found for ``model`` (the server refused it after all)."""
     _FOUND.pop((str(cache_path), _url(cfg), model, cfg.structured_output), None)
     if cache_path is not None and Path(cache_path).is_file():
-        from pipeline.cache import RequestCache
+        from pipeline.run.cache import RequestCache
 
         with contextlib.suppress(Exception), RequestCache(cache_path) as cache:
             cache.put_derived(_memo_key(cfg, model), "dialect", None)
@@ -765,6 +777,27 @@ def of_identity(identity: dict[str, Any] | None) -> dict[str, Dialect]:
         return {}
     found = {m: Dialect.from_record(r) for m, r in records.items()}
     return {m: d for m, d in found.items() if d is not None}
+
+
+def sending(
+    identity: dict[str, Any],
+) -> tuple[Callable[[ChatRequest], list[ChatRequest]], list[str]]:
+    """Each request as the server ``identity`` records is sent it (its model's recorded
+    dialect, :meth:`Dialect.as_sent`; a model it does not name: today's body), and the
+    plan's note on each dialect that changes what a prompt holds (``Backend.as_sent``)."""
+    found = of_identity(identity)
+    notes = [
+        f"prompt tokens counted as {model}'s server is sent them "
+        f"({d.describe()}; backend.openai.structured_output)"
+        for model, d in found.items()
+        if d.note_for_schema() or d.n == "split"
+    ]
+
+    def sent(req: ChatRequest) -> list[ChatRequest]:
+        d = found.get(req.model)
+        return d.as_sent(req) if d is not None else [req]
+
+    return sent, notes
 
 
 def identify(

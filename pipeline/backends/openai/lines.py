@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.backends.openai.wire import UnusableReply, parse_reply
-from pipeline.chat import ChatRequest, ChatResult
+from pipeline.core.redact import redact
+from pipeline.types.chat import ChatRequest, ChatResult
 
 CHAT_URL = "/v1/chat/completions"
 # finish reasons of an answer that was stopped before the model finished it for a reason
@@ -89,8 +90,6 @@ def error_text(error: Any) -> str:
     """The message of a batch line's ``error`` or an error body: a string, OpenAI's
     ``{"code", "message"}``, or vLLM's ``ErrorResponse`` (``{"error": {...}}`` or
     ``{"object": "error", "message", ...}``). Secrets a server may echo are masked."""
-    from pipeline.redact import redact
-
     inner = error.get("error") if isinstance(error, dict) else None
     if isinstance(inner, (dict, str)):
         error = inner

@@ -17,8 +17,9 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 import openai
 
 from pipeline.backends.openai.ratelimit import retry_after
-from pipeline.chat import ChatRequest, ChatResult, Choice
-from pipeline.errors import BackendError
+from pipeline.core.errors import BackendError
+from pipeline.core.redact import public_url, redact, strip_userinfo
+from pipeline.types.chat import ChatRequest, ChatResult, Choice
 
 if TYPE_CHECKING:
     from pipeline.kinds.settings import OpenAISettings
@@ -73,8 +74,6 @@ def endpoint(cfg: OpenAISettings) -> Endpoint:
 
 def auth_error(cfg: OpenAISettings, status: int, detail: str = "") -> BackendError:
     """The one line for a server that refused our credentials: which ones, and what to do."""
-    from pipeline.redact import public_url, redact, strip_userinfo
-
     ep = endpoint(cfg)
     where = public_url(cfg.base_url)
     verb = "refused" if status == 401 else "denied access to"
@@ -187,8 +186,6 @@ def retry_after_seconds(exc: BaseException) -> float | None:
 def describe_error(exc: BaseException) -> str:
     """One line for the errors table and logs; a server may echo the key back (a 401
     "Incorrect API key provided: sk-..."), so the text is redacted before it is cut."""
-    from pipeline.redact import redact
-
     if isinstance(exc, openai.APIStatusError):
         text = f"HTTP {exc.status_code}: {exc.message}"
     else:
@@ -285,8 +282,6 @@ MODELS_FIRST_WAIT_S = 10.0
 
 
 def _unreachable(cfg: OpenAISettings, exc: BaseException) -> BackendError:
-    from pipeline.redact import public_url, redact
-
     return BackendError(
         f"cannot reach the OpenAI-compatible server at {public_url(cfg.base_url)} "
         f"({redact(str(exc))}); start it (`vllm serve MODEL`, `python -m llama_cpp.server "
@@ -309,8 +304,6 @@ def _ask_models(cfg: OpenAISettings) -> bytes:
     BackendError saying which."""
     import urllib.error
     import urllib.request
-
-    from pipeline.redact import public_url
 
     ep = endpoint(cfg)
     req = urllib.request.Request(ep.url("/models"), headers=ep.headers)

@@ -1,7 +1,7 @@
 """Errors the pipeline raises on purpose, each carrying where the problem is.
 
 The lowest layer: every module may raise these. Turning an error into the line the CLI
-prints is presentation, in ``pipeline/errorline.py``.
+prints is presentation, in ``pipeline/cli/errorline.py``.
 """
 
 from __future__ import annotations

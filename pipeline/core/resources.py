@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parents[1]  # pipeline/
 
 
 def data_dir(name: str) -> Path:

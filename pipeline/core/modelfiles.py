@@ -8,7 +8,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 _SAFETENSORS_HINT = "the file is damaged or was cut short; download the model again"
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import jinja2
 
-from pipeline.errors import PipelineError
-from pipeline.resources import data_dir
+from pipeline.core.errors import PipelineError
+from pipeline.core.resources import data_dir
 
 _VERSION_RE = re.compile(r"\{#\s*version:\s*([\w.\-]+)")
 _SECTION_RE = re.compile(r"^### (system|user|assistant)\s*$", re.MULTILINE)

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar, cast
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 T = TypeVar("T")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")

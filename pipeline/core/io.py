@@ -22,7 +22,7 @@ from typing import IO, Any
 import jsonlines
 import orjson
 
-from pipeline.errors import _WRITE_ERRNOS, StorageError
+from pipeline.core.errors import _WRITE_ERRNOS, StorageError
 
 
 def _current_umask() -> int:

@@ -21,9 +21,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.chat import ChatRequest, ChatResult
-from pipeline.errors import CacheError
-from pipeline.io import crash_point, dumps, loads
+from pipeline.core.cliargs import command_line
+from pipeline.core.errors import CacheError
+from pipeline.core.io import crash_point, dumps, loads
+from pipeline.core.redact import redact
+from pipeline.types.chat import ChatRequest, ChatResult
 
 # Every table a request cache of prb's holds, in any version (pipeline/run/rundir.py tells
 # an older run's cache.sqlite from a user's database by them); SQLite's own tables beside.
@@ -151,17 +153,7 @@ _LOOKUP_CHUNK = 900  # below SQLite's default limit of 999 bound parameters
 
 def repair_command(path: Path) -> str:
     """The command that repairs this cache: its run directory, shell-quoted."""
-    from pipeline.cliargs import command_line
-
     return command_line(["prb", "cache", "repair", path.parent])
-
-
-def _redact(text: str) -> str:
-    try:
-        from pipeline.redact import redact
-    except ImportError:  # pragma: no cover - the module ships with the package
-        return text
-    return redact(text)
 
 
 class RequestCache:
@@ -414,7 +406,7 @@ class RequestCache:
             return
         now = time.time()
         # error text comes from servers and may echo a key: mask secrets before storing
-        rows = [(r.key, st, _redact(reason)[:1000], att, now) for r, st, reason, att in items]
+        rows = [(r.key, st, redact(reason)[:1000], att, now) for r, st, reason, att in items]
         with self._guard("write"):
             self._db.executemany(
                 "INSERT INTO errors(key, stage, reason, attempts, created) VALUES (?,?,?,?,?)",
@@ -453,7 +445,7 @@ class RequestCache:
                 entry["errors"], entry["failed_keys"] = n, k
         return out
 
-    # ---- the ledger (read-only; pipeline/budget.py) ------------------------------------
+    # ---- the ledger (read-only; pipeline/engine/budget.py) ------------------------------------
     def ledger(self, stage: str | None = None) -> list[dict[str, Any]]:
         """What was received, as the cache holds it: per stage and answering backend
         (``served_by``, the id every request carries), the answers, their choices, prompt

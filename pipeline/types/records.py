@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.fields import (
+from pipeline.core.fields import (
     COVERAGE_MAX,
     COVERAGE_MIN,
     DIMENSIONS,

@@ -21,7 +21,7 @@ import importlib.util
 import marshal
 from collections.abc import Callable
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 __all__ = [
     "code_closure",
@@ -181,7 +181,11 @@ def _in_functions(tree: ast.AST) -> set[int]:
 
 
 def imports_in(
-    source: str, exists: Callable[[str], bool] = is_module, *, registered: bool = False
+    source: str,
+    exists: Callable[[str], bool] = is_module,
+    *,
+    registered: bool = False,
+    type_only: bool = False,
 ) -> list[tuple[str, int, bool]]:
     """(imported project module, line, at module level) for every import in ``source``:
     import statements, and calls that import a module by a name written in the code
@@ -189,13 +193,14 @@ def imports_in(
     module is imported (not inside a function), ``try`` and ``if`` blocks included, a
     ``TYPE_CHECKING`` block not. With ``registered``, a registry's entry named as a
     ``"module:Class"`` string in a ``.register(...)`` call counts too (imported when
-    chosen: a lazy import)."""
+    chosen: a lazy import); with ``type_only``, the imports of a ``TYPE_CHECKING`` block
+    count too (never run: not at module level)."""
     tree = ast.parse(source)
-    skip = _type_checking_lines(tree)
+    typing_only = _type_checking_lines(tree)
     lazy = _in_functions(tree)
     found = []
     for node in ast.walk(tree):
-        if node.lineno in skip if hasattr(node, "lineno") else True:
+        if not hasattr(node, "lineno") or (node.lineno in typing_only and not type_only):
             continue
         names: list[str] = []
         if isinstance(node, ast.Import):
@@ -211,10 +216,11 @@ def imports_in(
         elif registered and (entry := _registered(node)) is not None:
             names = [entry]
             lazy.add(id(node))
+        top = id(node) not in lazy and node.lineno not in typing_only
         for n in names:
             target = _resolve(n, exists) if n.startswith("pipeline") else None
             if target is not None:
-                found.append((target, getattr(node, "lineno", 0), id(node) not in lazy))
+                found.append((target, node.lineno, top))
     return found
 
 

@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.cliargs import add_set_option as _add_set
-from pipeline.cliargs import command_line
+from pipeline import __version__
+from pipeline.core.cliargs import add_set_option as _add_set
+from pipeline.core.cliargs import command_line
+from pipeline.core.errors import NO_PAIR_KEPT_EXIT_STATUS, BudgetReached, PipelineError
+from pipeline.kinds.stages import ORDER
 
 if TYPE_CHECKING:
     from pipeline.config import Config
-    from pipeline.errors import BudgetReached
     from pipeline.run import RunDir
 
 # the stage names in run order, for help texts (pipeline.stages.ORDER, kept in step by a test)
@@ -342,7 +344,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from pipeline.config import load_config
-    from pipeline.errors import BudgetReached
     from pipeline.run import RunDir
 
     cfg = load_config(args.config, args.overrides)
@@ -354,7 +355,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         lock = rd.lock()
         if lock.path.parent.is_dir():
             lock.acquire(create=False)
-        from pipeline.orchestrate import run_pipeline
+        from pipeline.orchestration.orchestrate import run_pipeline
 
         run_pipeline(
             cfg,
@@ -369,8 +370,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # a clean stop, not a failure: what it reached, what was spent, how to go on
         after = _after_budget(args, cfg, exc)
         if args.json:
-            from pipeline.errorline import format_error
-            from pipeline.runsummary import print_run_summary
+            from pipeline.cli.errorline import format_error
+            from pipeline.orchestration.runsummary import print_run_summary
 
             print_run_summary(
                 cfg.run_dir,
@@ -378,7 +379,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 error=format_error(exc, args.config, args.overrides),
                 next_commands={k: after[k] for k in ("resume", "plan")},
             )
-        from pipeline.redact import redact
+        from pipeline.core.redact import redact
 
         print(
             redact(
@@ -391,8 +392,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return BudgetReached.EXIT_STATUS
     except Exception as exc:
         if args.json:
-            from pipeline.errorline import format_error
-            from pipeline.runsummary import print_run_summary
+            from pipeline.cli.errorline import format_error
+            from pipeline.orchestration.runsummary import print_run_summary
 
             error = format_error(exc, args.config, args.overrides)
             if error is not None:  # None is a bug: main() shows its traceback, no summary
@@ -400,14 +401,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
     nothing = _no_pair_kept(cfg.run_dir, args)
     if args.json:
-        from pipeline.runsummary import print_run_summary
+        from pipeline.orchestration.runsummary import print_run_summary
 
         print_run_summary(cfg.run_dir, since=t0, error=nothing)
     else:
         print(f"run directory: {os.path.abspath(cfg.run_dir)}")
     if nothing is not None:
-        from pipeline.errors import NO_PAIR_KEPT_EXIT_STATUS
-
         print(nothing, file=sys.stderr)
         return NO_PAIR_KEPT_EXIT_STATUS
     return 0
@@ -416,7 +415,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _no_pair_kept(run_dir: str | Path, args: argparse.Namespace) -> str | None:
     """One line when this command finished the pair stage and it kept no pair (every
     example dropped by a filter): the drops by reason and where to look; else None."""
-    from pipeline.kinds.stages import ORDER
     from pipeline.run import RunDir
 
     last = args.only or args.until
@@ -442,8 +440,8 @@ def _no_pair_kept(run_dir: str | Path, args: argparse.Namespace) -> str | None:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from pipeline.cache import repair_cache
     from pipeline.run import open_run
+    from pipeline.run.cache import repair_cache
 
     if args.cache_command != "repair":
         print("usage: prb cache repair RUN", file=sys.stderr)
@@ -562,10 +560,8 @@ def _not_started(target: Path, overrides: list[str]) -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pipeline.cache import RequestCache
-    from pipeline.errors import PipelineError
-    from pipeline.kinds.stages import ORDER
     from pipeline.run import open_run
+    from pipeline.run.cache import RequestCache
 
     if args.run is None:
         return list_runs(overview=True)
@@ -578,7 +574,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     total = errors = 0
     ledger: dict = {}
     if rd.cache_path.exists():
-        from pipeline.budget import run_ledger, run_prices
+        from pipeline.engine.budget import run_ledger, run_prices
 
         ledger = run_ledger(rd, run_prices(cfg) if cfg is not None else None)
         with RequestCache(rd.cache_path, readonly=True) as cache:
@@ -647,8 +643,6 @@ def _earlier_backends(rd: RunDir) -> tuple[dict[str, tuple[str, str]], str]:
     backend's description; a stage without a backend of its own (pairs) goes with the
     stage before it. Empty when every stage had one backend."""
     from pipeline.backends.identity import describe, identity_id
-    from pipeline.errors import PipelineError
-    from pipeline.kinds.stages import ORDER
 
     served: dict[str, tuple[float, str, str]] = {}
     for name in ORDER:
@@ -743,8 +737,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     import json
     from collections import Counter
 
-    from pipeline.kinds.stages import ORDER
-    from pipeline.orchestrate import _unknown_stage
+    from pipeline.orchestration.orchestrate import _unknown_stage
     from pipeline.run import open_run
 
     if args.run is None:
@@ -781,7 +774,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     n = sd.stats().get("examples") if sd.done else None
     of = f" of {n} examples" if isinstance(n, int) else ""
     if args.stage == "pairs":  # the examples that never reached it are another stage's
-        from pipeline.orchestrate import dropped_before
+        from pipeline.orchestration.orchestrate import dropped_before
 
         for stage, reasons in dropped_before(rd).items():
             said = ", ".join(f"{k} {v}" for k, v in reasons.items())
@@ -899,8 +892,6 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv[:cut]
     args = parser.parse_args([a for i, a in enumerate(argv) if i >= cut or a != "--debug"])
     if args.version:
-        from pipeline import __version__
-
         print(__version__)
         return 0
     handlers = {
@@ -946,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         # one path for every expected failure: one line (redacted), the traceback on --debug;
         # anything format_error does not know is a bug and keeps its traceback
-        from pipeline.errorline import format_error
+        from pipeline.cli.errorline import format_error
 
         target = getattr(args, "run", None) or getattr(args, "config", None)
         line = format_error(exc, target, getattr(args, "overrides", None) or ())
@@ -955,13 +946,9 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             import traceback
 
-            from pipeline.redact import redact
+            from pipeline.core.redact import redact
 
             # redacted like the line below: a URL with a key in it, a server's echo of it
             print(redact(traceback.format_exc()), end="", file=sys.stderr)
         print(f"error: {line}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,13 +23,19 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from pipeline.backends.factory import check_installed, preflight
 from pipeline.config import Config
-from pipeline.errors import BudgetReached, ConfigError, StageError, Unanswered
-from pipeline.ids import content_hash
-from pipeline.io import remove_strays
-from pipeline.kinds.stages import ORDER, STAGES
+from pipeline.core.errors import BudgetReached, ConfigError, StageError, Unanswered
+from pipeline.core.ids import content_hash
+from pipeline.core.io import remove_strays
+from pipeline.engine.budget import run_prices, stage_ledger
+from pipeline.inputs.ingest import check_input
+from pipeline.kinds.backend import BACKENDS
+from pipeline.kinds.stages import ORDER
 from pipeline.run import RunDir, RunLock, StageDir
+from pipeline.stages import STAGES
 from pipeline.stages.base import Context, Stage
+from pipeline.types.profile import check_ranker_installed
 
 # besides each backend's own (Backend.libraries)
 _LIBS = (
@@ -49,8 +55,6 @@ _LIBS = (
 
 def library_versions() -> dict[str, str | None]:
     """Python, platform and library versions (from package metadata: nothing is imported)."""
-    from pipeline.kinds.backend import BACKENDS
-
     out: dict[str, str | None] = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -164,14 +168,6 @@ def check_contracts(stages: dict[str, Stage]) -> None:
                 )
 
 
-def content_id(sd: StageDir) -> str | None:
-    """Identity of a finished stage's data: the hash of its manifest."""
-    marker = sd.marker()
-    if marker is None or marker.files is None:
-        return None
-    return content_hash({k: v.model_dump() for k, v in marker.files.items()}, length=16)
-
-
 @dataclass
 class StagePlan:
     name: str
@@ -252,7 +248,7 @@ def _decide(
         if changed_inputs:
             return "redo", f"its input stage '{changed_inputs[0]}' is being rebuilt"
         if marker.inputs is not None and any(
-            marker.inputs.get(u) != content_id(rd.stage(u)) for u in stage.reads
+            marker.inputs.get(u) != rd.stage(u).content_id() for u in stage.reads
         ):
             return "redo", "its input data changed since it finished"
         sd.check_intact()
@@ -268,22 +264,15 @@ def _preflight(ctx: Context, plans: list[StagePlan], echo: Callable[[str], None]
         if p.action == "redo":
             ctx.run_dir.stage(p.name).check_clearable()  # before anything changes
     if any(p.name == "ingest" and p.action != "skip" for p in plans):
-        from pipeline.ingest import check_input
-        from pipeline.profile import check_ranker_installed
-
         # bad input, and a ranker whose extra is missing, are refused before the run
         # directory is created or changed
         check_input(ctx.config.input, ctx.config.resolve_input)
         check_ranker_installed(ctx.config.profile.ranker)
     if any(p.stage.uses_llm(ctx) for p in plans):
-        from pipeline.backends.factory import check_installed
-
         # said by the backend itself, before the first stage, also when every stage is
         # done: a finished run answered "nothing to do" for a backend it could not run
         check_installed(ctx.config.backend)
     if any(p.action != "skip" and p.stage.uses_llm(ctx) for p in plans):
-        from pipeline.backends.factory import preflight
-
         cached = ctx.run_dir.cache_path.exists()
         warning = preflight(ctx.config.backend, ctx.config.resolve_input, cached=cached)
         if warning and not ctx.warnings:  # an unreachable server is said once
@@ -436,7 +425,7 @@ def _act(
             f"({llm.get('failure_reasons')}); they are recorded in cache.sqlite and will be "
             "retried: run the same command again"
         )
-    inputs = {u: content_id(ctx.run_dir.stage(u)) for u in stage.reads}
+    inputs = {u: ctx.run_dir.stage(u).content_id() for u in stage.reads}
     sd.finish(stats, inputs=inputs)
     echo(f"[{name}] done: {summarize(stats)}")
     if "dropped_by_reason" in stats:
@@ -457,9 +446,7 @@ def dropped_before(rd: RunDir) -> dict[str, dict[str, int]]:
 
 
 def _ledger(ctx: Context, name: str, llm: dict[str, Any] | None) -> dict[str, Any]:
-    """A stage's ledger for its stats.json (pipeline/budget.py)."""
-    from pipeline.budget import run_prices, stage_ledger
-
+    """A stage's ledger for its stats.json (pipeline/engine/budget.py)."""
     prices = run_prices(ctx.config)  # the batch rates when the backend sends batches
     return stage_ledger(ctx.cache, name, ctx.served_by_id, prices, llm)
 
@@ -469,8 +456,6 @@ def summarize(stats: dict[str, Any]) -> str:
     parts = [f"{k}={stats[k]}" for k in keys[:6]]
     llm = stats.get("llm")
     if isinstance(llm, dict) and "requests" in llm:
-        from pipeline.kinds.backend import BACKENDS
-
         sent = "sent" if BACKENDS.answers_new(str(llm.get("backend"))) else "replayed"
         # sent counts re-asks too: named, so sent above requests is explained
         reasks = llm.get("reasks") or 0

@@ -25,8 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pipeline.config import InputSection
-from pipeline.inputs import FORMATS, InputFormat
+from pipeline.inputs import FORMATS, InputFormat, InputSection
 
 Resolve = Callable[[Path | None], Path | None]
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.ids import canonical_json, content_hash
+from pipeline.core.ids import canonical_json, content_hash
 
 # json's own string encoder for ensure_ascii=False (what canonical_json uses)
 _encode_str = json.encoder.encode_basestring

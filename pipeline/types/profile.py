@@ -16,8 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import BackendError
-from pipeline.modelfiles import check_weights, hub_offline, hub_reachable, load_errors
+from pipeline.core.errors import BackendError
+from pipeline.core.modelfiles import check_weights, hub_offline, hub_reachable, load_errors
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 # A short list: enough to stop "the" and "a" from deciding relevance in BM25.

@@ -15,9 +15,10 @@ Validation and re-asks: an answer that does not validate is re-asked (a new requ
 carrying the bad answer and the error), up to ``max_reasks`` times. An answer cut off by
 ``max_tokens`` is re-asked with twice the tokens, unless the job's ``salvage`` reads it: a
 verdict cut short after its decisions, at max_tokens or by a stop token that the engine's
-grammar let through inside a string (pipeline/schemas.py). Only answers that validate are cached;
-an answer still invalid after its re-asks is recorded in the cache's errors table and
-reported as a pending failure, retried on the next run. After ``invalid_retry_runs``
+grammar let through inside a string (pipeline/types/schemas.py). Only answers that
+validate are cached; an answer still invalid after its re-asks is recorded in the cache's
+errors table and reported as a pending failure, retried on the next run. After
+``invalid_retry_runs``
 earlier runs failed the same way (a deterministic model gives the same answer) the
 failure is final and the stage records it as such.
 
@@ -29,7 +30,7 @@ good with the reason ``reasoning_exhausted`` and a free-text one is handed over 
 (empty, finish reason "length", ``reasoning_cut``), for the pair filters to drop. It is
 never validated or read as an answer.
 
-Budget (pipeline/budget.py): with ``run.budget`` set, a request is sent only while the
+Budget (pipeline/engine/budget.py): with ``run.budget`` set, a request is sent only while the
 run's spending plus a bound of everything in flight stays within it. A request that does
 not fit waits (and no more input is taken) until answers in flight make room; when nothing
 is in flight and it still does not fit, the runner stops: everything answered has been
@@ -46,13 +47,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.backends.reasoning import cut_reason, retry_request
-from pipeline.budget import Budget
-from pipeline.cache import INVALID_PREFIX, RequestCache
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure
-from pipeline.errors import BackendError, StageError, Unanswered
+from pipeline.core.errors import BackendError, StageError, Unanswered
+from pipeline.core.progress import Progress
+from pipeline.engine.budget import Budget
 from pipeline.kinds.backend import Backend, RequestFeed
-from pipeline.progress import Progress
 from pipeline.rules.text import unfinished
+from pipeline.run.cache import INVALID_PREFIX, RequestCache
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure
 
 # validate(request, text) -> parsed value; raises ValueError with a short reason when invalid.
 # It always receives the job's original request, also when judging the answer to a re-ask.

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.kinds.stages import ORDER
 from pipeline.run import RunDir
 

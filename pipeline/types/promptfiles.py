@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from pipeline.errors import InputError
-from pipeline.io import path_kind
+from pipeline.core.errors import InputError
+from pipeline.core.io import path_kind
 
 # The version a row records for a prompt file (a project template records its own number).
 FILE_VERSION = "file"

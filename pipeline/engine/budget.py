@@ -14,24 +14,22 @@ token is at least one byte in every tokenizer the backends use), an answer as
 a schema stated in the prompt, a prompt per choice where ``n`` is split). A request whose
 bound could take the run past a limit waits until answers in flight replace their bounds
 by their real usage; when nothing is in flight and it still does not fit, the stage stops with
-:class:`~pipeline.errors.BudgetReached` (everything answered is kept). The bound is
+:class:`~pipeline.core.errors.BudgetReached` (everything answered is kept). The bound is
 conservative, so a run stops somewhat below its budget, never above it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipeline.chat import ChatRequest, ChatResult, RequestFailure, output_bound
-from pipeline.errors import BudgetReached
-
-if TYPE_CHECKING:
-    from pipeline.backends.openai.dialects import Dialect
-    from pipeline.cache import RequestCache
-    from pipeline.config import Config, PricesSection
-    from pipeline.run import RunDir
+from pipeline.backends.identity import identity_id
+from pipeline.config import Config, PricesSection
+from pipeline.core.errors import BudgetReached, PipelineError
+from pipeline.kinds.backend import BACKENDS, AsSent
+from pipeline.run import RunDir
+from pipeline.run.cache import RequestCache
+from pipeline.types.chat import ChatRequest, ChatResult, RequestFailure, output_bound
 
 # chat-template tokens a message may add around its content (role markers, separators)
 TEMPLATE_TOKENS_PER_MESSAGE = 16
@@ -52,8 +50,6 @@ def run_prices(config: Config) -> PricesSection:
     """The prices a run pays: ``run.prices``, with its batch rates when the backend sends
     batches (``backend.openai.batch``) and they are given; a batch run without batch rates
     is priced at the standard ones, which bound it from above."""
-    from pipeline.kinds.backend import BACKENDS
-
     prices = config.run.prices
     if BACKENDS.get(config.backend.name).batch_priced(config.backend):
         return prices.batch_rates() or prices
@@ -77,15 +73,15 @@ class Spend:
 
 
 def request_bound(
-    req: ChatRequest, dialect: Dialect | None = None, reasoning: dict[str, Any] | None = None
+    req: ChatRequest, as_sent: AsSent | None = None, reasoning: dict[str, Any] | None = None
 ) -> Spend:
     """The most one request can cost: its prompt's bytes (no token is shorter than a byte)
     plus the template's tokens per message, and ``max_tokens`` for each choice (plus a
-    reasoning model's reasoning budget: ``reasoning``, the identity's record); with the
-    server's ``dialect``, summed over what it is sent as (``Dialect.as_sent``: the schema
+    reasoning model's reasoning budget: ``reasoning``, the identity's record); with
+    ``as_sent``, summed over what its server is sent (``Backend.as_sent``: the schema
     stated in the prompt, a prompt per choice where ``n`` is split)."""
     prompt = output = 0
-    for sent in dialect.as_sent(req) if dialect is not None else (req,):
+    for sent in as_sent(req) if as_sent is not None else (req,):
         prompt += sum(len(c.encode("utf-8", "surrogatepass")) for _, c in sent.messages)
         prompt += TEMPLATE_TOKENS_PER_MESSAGE * len(sent.messages)
         output += output_bound(sent, reasoning) * sent.n
@@ -102,7 +98,7 @@ def backend_spend(cache: RequestCache, served_by: str) -> Spend:
 
 
 class Budget:
-    """The admission check of one stage's runner (pipeline/llm.py)."""
+    """The admission check of one stage's runner (pipeline/engine/llm.py)."""
 
     def __init__(
         self,
@@ -112,15 +108,15 @@ class Budget:
         usd: float | None,
         prices: PricesSection,
         spent: Spend,
-        dialects: Mapping[str, Dialect] | None = None,
+        as_sent: AsSent | None = None,
         reasoning: dict[str, Any] | None = None,
     ) -> None:
         self.limits = {"requests": requests, "tokens": tokens, "usd": usd}
         # a reasoning model's reasoning budget, on top of each answer's max_tokens
         self.reasoning = reasoning
-        # how each model's server is sent a request (the identity's record): what a
-        # request's bound is counted on
-        self.dialects = dict(dialects or {})
+        # how the server is sent a request (the identity's record): what a request's
+        # bound is counted on
+        self.as_sent = as_sent
         self.prices = prices
         self.prior = spent  # received before this stage started (the ledger)
         self.received = Spend()  # received by this stage in this invocation
@@ -140,7 +136,7 @@ class Budget:
         return None
 
     def bound(self, req: ChatRequest) -> Spend:
-        return request_bound(req, self.dialects.get(req.model), self.reasoning)
+        return request_bound(req, self.as_sent, self.reasoning)
 
     def admit(self, req: ChatRequest) -> bool:
         """Whether ``req`` may be sent now: False when its bound, with what was received and
@@ -197,19 +193,18 @@ def make_budget(
     config: Config, cache: RequestCache, served_by: str, identity: dict[str, Any] | None = None
 ) -> Budget | None:
     """The budget of a stage's runner; None when ``run.budget`` sets no limit. ``identity``:
-    what serves the run, whose recorded dialects decide what a request is sent as."""
-    from pipeline.backends.openai.dialects import of_identity
-
+    what serves the run, whose record decides what a request is sent as."""
     b = config.run.budget
     if b.requests is None and b.tokens is None and b.usd is None:
         return None
+    as_sent, _ = BACKENDS.get(config.backend.name).as_sent(identity or {})
     return Budget(
         requests=b.requests,
         tokens=b.tokens,
         usd=b.usd,
         prices=run_prices(config),
         spent=backend_spend(cache, served_by),
-        dialects=of_identity(identity),
+        as_sent=as_sent,
         reasoning=(identity or {}).get("reasoning"),
     )
 
@@ -266,10 +261,6 @@ def run_ledger(rd: RunDir, prices: PricesSection | None) -> dict[str, Any]:
     """The whole run's ledger, read-only: per LLM stage that ran, what its backend (the one
     its stage.json records) answered as the cache holds it, failures recorded, the latest
     invocation's figures from stats.json, and totals. Empty without a cache."""
-    from pipeline.backends.identity import identity_id
-    from pipeline.cache import RequestCache
-    from pipeline.errors import PipelineError
-
     if not rd.cache_path.is_file():
         return {}
     with RequestCache(rd.cache_path, readonly=True) as cache:

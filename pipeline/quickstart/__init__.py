@@ -14,14 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.annotate.export import export_round
+from pipeline.audit import audit
 from pipeline.config import Config, load_config
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.orchestration.orchestrate import run_pipeline
+from pipeline.publish import publish
 from pipeline.run import RunDir
+from pipeline.run.outputs import check_output
 
 
 def quickstart_config() -> Path:
     """configs/quickstart.yaml from a checkout, or the copy packaged in the wheel."""
-    pkg = Path(__file__).resolve().parent
+    pkg = Path(__file__).resolve().parents[1]  # pipeline/
     for candidate in (
         pkg / "_data" / "configs" / "quickstart.yaml",
         pkg.parent / "configs" / "quickstart.yaml",
@@ -52,12 +57,6 @@ def run_quickstart(
     answers from the local model (the `local` extra) instead of the hand-written ones; a
     tiny model may keep no pair, and then the annotation, release and audit steps are
     skipped with the reason (``res["kept"]`` is 0)."""
-    from pipeline.annotate.export import export_round
-    from pipeline.audit import audit
-    from pipeline.orchestrate import run_pipeline
-    from pipeline.publish import publish
-    from pipeline.run.outputs import check_output
-
     check_output(output_dir, flag="--out", command="prb quickstart", folder=True)
     overrides = [f"run.output_dir={output_dir}", *(LOCAL_OVERRIDES if local else ())]
     cfg = config or load_config(quickstart_config(), overrides)
@@ -136,7 +135,7 @@ def next_steps(res: dict[str, Any]) -> str:
     configs = ", ".join(k for k in res["publish"].get("configs", {}) if k != "all")
     # a checkout: the working folder when it is one, else the one this package runs from
     root = next(
-        (r for r in (Path.cwd(), Path(__file__).resolve().parent.parent)
+        (r for r in (Path.cwd(), Path(__file__).resolve().parents[2])
          if (r / "tests" / "standin_server.py").exists()),
         Path.cwd(),
     )  # fmt: skip

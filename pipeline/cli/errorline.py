@@ -1,9 +1,9 @@
 """The one line the CLI prints for an error (presentation; the errors themselves are in
-``pipeline/errors.py``).
+``pipeline/core/errors.py``).
 
 ``format_error`` turns the project's errors, and the few library errors a user can provoke
 from outside (disk full, permissions, a damaged SQLite file, undecodable text, a bad
-regex), into one line. Every line passes through ``pipeline.redact.redact``.
+regex), into one line. Every line passes through ``pipeline.core.redact.redact``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.errors import _WRITE_ERRNOS, PipelineError, StorageError, _os_hint
+from pipeline.core.cliargs import command_line
+from pipeline.core.errors import _WRITE_ERRNOS, PipelineError, StorageError, _os_hint
+from pipeline.core.redact import redact
 
 
 def _path_in_traceback(exc: BaseException) -> str | None:
@@ -68,8 +70,6 @@ def _sqlite_line(
             f"{where}: {text}; another process is using this run's cache: wait for it to "
             "finish, then run the same command again"
         )
-    from pipeline.cliargs import command_line
-
     # a run directory is the run; a config names it with the same --set options
     sets = overrides if target is not None and Path(target).is_file() else ()
     repair = command_line(["prb", "cache", "repair", target if target is not None else "RUN"], sets)
@@ -88,8 +88,6 @@ def format_error(
     ``overrides`` its --set options; they name the cache file in SQLite errors and go into
     the repair command.
     """
-    from pipeline.redact import redact
-
     line: str | None
     if isinstance(exc, PipelineError):
         line = str(exc)

@@ -59,12 +59,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from pipeline.fields import COVERAGE_MAX, COVERAGE_MIN, DIMENSIONS, QUALITY_MAX, QUALITY_MIN
-from pipeline.resources import data_dir
+from pipeline.core.fields import COVERAGE_MAX, COVERAGE_MIN, DIMENSIONS, QUALITY_MAX, QUALITY_MIN
+from pipeline.core.resources import data_dir
 
 # Share of max_tokens the longest valid answer may take; the rest is spare.
 FILL = 0.9
-# The score scales (pipeline/fields.py), as enums (see the module docstring).
+# The score scales (pipeline/core/fields.py), as enums (see the module docstring).
 SCORES = tuple(range(QUALITY_MIN, QUALITY_MAX + 1))
 COVERAGE_SCORES = tuple(range(COVERAGE_MIN, COVERAGE_MAX + 1))
 # Shortest useful free text: below these a config cannot hold a sensible answer.
@@ -106,7 +106,7 @@ def worst_case_chars(schema: dict[str, Any]) -> int:
 # at most 0.298 on SmolLM2's and Qwen2's tokenizers (DeepSeek-R1-Distill-Qwen-7B's), over
 # every schema the stages send at the defaults (benchmarks/verdict_tokens.py). A third
 # over that leaves room for denser text; an answer cut at the bound is read up to its cut
-# or re-asked with twice the tokens (pipeline/llm.py).
+# or re-asked with twice the tokens (pipeline/engine/llm.py).
 TOKENS_PER_CHAR = 0.4
 # A generated rubric item's fields when max_tokens does not size them (null, the default):
 # aspect 2 : evidence 1 : reason 1, as the token-sized ones

@@ -1,0 +1,5 @@
+import sys
+
+from pipeline.cli.prb import main
+
+sys.exit(main())
