@@ -1064,7 +1064,6 @@ def replicate_run(src: Path, dst: Path, copies: int) -> dict[str, int]:
     replicas are synthetic data about synthetic data: they measure the stages that read
     the LLM stages' rows (pairs, publish, audit) at sizes whose LLM stages would take
     hours here, not the LLM stages."""
-    from pipeline.orchestration.orchestrate import content_id
     from pipeline.run import RunDir
 
     ids: set[str] = set()
@@ -1110,7 +1109,7 @@ def replicate_run(src: Path, dst: Path, copies: int) -> dict[str, int]:
                 rows[stage] += len(part)
         done = json.loads((src / stage / "_DONE.json").read_text())
         # the upstream content ids of the replicas, so the pair stage finds them current
-        inputs = {u: content_id(rd.stage(u)) for u in done.get("inputs") or {}}
+        inputs = {u: rd.stage(u).content_id() for u in done.get("inputs") or {}}
         sd.finish(json.loads((src / stage / "stats.json").read_text()), inputs=inputs)
     return rows
 
