@@ -32,6 +32,7 @@ from pipeline.engine.llm import Answer, Failure, Job, LLMRunner
 from pipeline.orchestration.orchestrate import run_pipeline
 from pipeline.run import RunDir
 from pipeline.run.cache import RequestCache
+from pipeline.types import schemas
 from pipeline.types.chat import ChatRequest, Choice, output_bound
 
 SCHEMA = {
@@ -44,13 +45,8 @@ RECORD = {"budget": 64, "json_mode": "reason_first", "tags": ["<think>", "</thin
 
 
 def validate(req: ChatRequest, text: str) -> Any:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if value.get("winner") not in ("A", "B"):
-        raise ValueError("winner must be A or B")
-    return value
+    """The stages' own reading of a JSON answer: parsed whole and checked against its schema."""
+    return schemas.parse(req.json_schema or SCHEMA, text)
 
 
 # ---- splitting ---------------------------------------------------------------------------

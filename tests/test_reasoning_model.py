@@ -28,6 +28,7 @@ from pipeline.engine.llm import Answer, Failure, Job, LLMRunner
 from pipeline.kinds.backend import BackendSection
 from pipeline.kinds.settings import LLAMACPP_DEFAULT_MODEL
 from pipeline.run.cache import RequestCache
+from pipeline.types import schemas
 from pipeline.types.chat import ChatRequest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,13 +45,8 @@ SCHEMA = {
 
 
 def _validate(req: ChatRequest, text: str) -> Any:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if value.get("winner") not in ("A", "B"):
-        raise ValueError("winner must be A or B")
-    return value
+    """The stages' own reading of a JSON answer: parsed whole and checked against its schema."""
+    return schemas.parse(req.json_schema or SCHEMA, text)
 
 
 def _run(cfg: BackendSection, tmp_path: Path, jobs: list[Job]) -> tuple[dict, Any]:

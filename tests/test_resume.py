@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,22 @@ def _count(cache: Path) -> int:
 
 
 @pytest.mark.timeout(1200)
+def _sigkill_once(cmd: list[str], reached: Callable[[], bool]) -> None:
+    """Start ``cmd`` and SIGKILL it as soon as ``reached()`` holds (polled, never timed);
+    the run must still be alive then, and get there within a generous deadline."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 600  # generous: a busy machine starts and runs slowly
+    try:
+        while not reached():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.time() < deadline, "the run made no progress"
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def test_sigkill_mid_responses_then_resume(tmp_path, server):
     data = tmp_path / "syn.jsonl"
     make_synthetic_input(data, N_EXAMPLES)
@@ -111,17 +128,7 @@ def test_sigkill_mid_responses_then_resume(tmp_path, server):
         "responses",
     ]
     cache = tmp_path / "outputs" / "t" / "cache.sqlite"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 600  # generous: a busy machine starts and runs slowly
-    try:
-        while _count(cache) < 700:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.time() < deadline, "the run made no progress"
-            time.sleep(0.02)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    _sigkill_once(cmd, lambda: _count(cache) >= 700)
     done_before = _cached_prompts(cache)
     assert 700 <= len(done_before) < 2000, "the kill must land in the middle of the stage"
     rd = RunDir(tmp_path / "outputs" / "t")
@@ -197,17 +204,7 @@ def test_sigkill_mid_judge_then_resume_keeps_the_same_pairs(tmp_path, server):
     run_pipeline(load_config(cfg_path), until="responses", progress=False)
     cmd = [sys.executable, "-m", "pipeline.cli", "run", str(cfg_path), "--no-progress"]
     cache = tmp_path / "outputs" / "t" / "cache.sqlite"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 600  # generous: a busy machine starts and runs slowly
-    try:
-        while _judge_count(cache) < 600:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.time() < deadline, "the run made no progress"
-            time.sleep(0.02)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    _sigkill_once(cmd, lambda: _judge_count(cache) >= 600)
     asked_before = _judge_prompts(cache)
     rd = RunDir(tmp_path / "outputs" / "t")
     assert not rd.stage("judge").done, "the kill must land in the middle of the judge"
